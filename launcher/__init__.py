@@ -1,0 +1,1 @@
+"""hpcai-launch: plan and start MPI training ranks with NUMA-aware placement."""

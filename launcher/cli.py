@@ -1,0 +1,122 @@
+"""hpcai-launch: start training ranks under mpirun or srun with NUMA-aware placement.
+
+Usage:
+  hpcai-launch [options] -- CMD [ARGS...]
+
+Three ways to use it, one result:
+  hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
+  srun --ntasks-per-node 4 hpcai-launch --ranks-per-node 4 -- CMD
+  mpirun -n 2 hpcai-launch -- CMD                  per-rank wrapper mode
+Inside a Slurm allocation (salloc/sbatch) without srun, it starts srun itself.
+
+Each rank gets its CPU set (bound with sched_setaffinity unless the launcher already did),
+the OpenMP/MKL/TF thread variables, and RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+NODE_RANK, MASTER_ADDR, MASTER_PORT, then execs CMD.
+
+--dry-run prints the plan and starts nothing (--json for machines). Errors print
+`error:` and `hint:` and exit 2 before any rank starts; -v adds tracebacks.
+Defaults for several options come from HPCAI_* environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from .errors import USAGE_EXIT, UserError
+from .plan import LAUNCHERS, MPI_CHOICES, Options, build_plan, gather_facts
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message, "see hpcai-launch --help")
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.lstrip("-").isdigit() else None
+
+
+def make_parser() -> _Parser:
+    p = _Parser(prog="hpcai-launch", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
+    place = p.add_argument_group("placement")
+    place.add_argument("--ranks-per-node", "-N", type=int,
+                       default=_env_int("HPCAI_RANKS_PER_NODE"),
+                       help="MPI ranks per node (default 1, or what the launcher started)")
+    place.add_argument("--ranks-per-numa", type=int, help="ranks per NUMA domain")
+    place.add_argument("--threads-per-rank", "-t", type=int,
+                       default=_env_int("HPCAI_THREADS_PER_RANK"),
+                       help="threads per rank (default: cores of the rank's share)")
+    place.add_argument("--hyperthreads", action="store_true",
+                       help="use all hardware threads of each core")
+    place.add_argument("--oversubscribe", action="store_true",
+                       help="allow more ranks x threads than cores")
+    place.add_argument("--topology", default=None,
+                       help="hwloc XML file or synthetic text ('pack:2 numa:2 core:12') "
+                            "instead of this machine's sysfs")
+    launch = p.add_argument_group("launcher")
+    launch.add_argument("--launcher", choices=LAUNCHERS,
+                        default=os.environ.get("HPCAI_LAUNCHER", "auto"))
+    launch.add_argument("--mpi", default=os.environ.get("HPCAI_MPI", "auto"),
+                        help=f"MPI flavour: {', '.join(MPI_CHOICES)}")
+    launch.add_argument("--mpirun", default=os.environ.get("HPCAI_MPIRUN"),
+                        help="path of the MPI launcher (mpirun/mpiexec) to use")
+    launch.add_argument("--hosts", help="hosts for mpirun: h1,h2 or h1:4,h2:4")
+    launch.add_argument("--nodes", type=int, help="nodes for srun (default: the allocation)")
+    out = p.add_argument_group("output")
+    out.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    out.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    out.add_argument("--report-bindings", action="store_true",
+                     help="every rank prints its real CPU set and thread count")
+    out.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    return p
+
+
+def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
+    if "--" in argv:
+        split = argv.index("--")
+        head, command = argv[:split], argv[split + 1:]
+    else:
+        head, command = argv, None
+    ns = make_parser().parse_args(head)
+    if command is None:
+        command = ns.command
+    if ns.mpi not in MPI_CHOICES:
+        raise UserError(f"unknown MPI {ns.mpi!r}",
+                        f"--mpi takes one of: {', '.join(MPI_CHOICES)}")
+    if ns.json and not ns.dry_run:
+        raise UserError("--json only goes with --dry-run", "add --dry-run")
+    options = Options(command=tuple(command), ranks_per_node=ns.ranks_per_node,
+                      ranks_per_numa=ns.ranks_per_numa, threads_per_rank=ns.threads_per_rank,
+                      hyperthreads=ns.hyperthreads, oversubscribe=ns.oversubscribe,
+                      launcher=ns.launcher, mpi=ns.mpi, mpirun=ns.mpirun, hosts=ns.hosts,
+                      nodes=ns.nodes, topology=ns.topology,
+                      report_bindings=ns.report_bindings, verbose=ns.verbose)
+    return options, ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv[: argv.index("--")] if "--" in argv else "-v" in argv
+    loud = True
+    try:
+        options, ns = parse(argv)
+        facts = gather_facts(options)
+        loud = facts.rank is None or facts.rank.local_rank == 0
+        plan = build_plan(options, facts)
+        if ns.dry_run:
+            print(plan.to_json() if ns.json else plan.render())
+            return 0
+        from .execute import exec_plan
+        exec_plan(plan, report_bindings=options.report_bindings)
+        return 0  # not reached: exec_plan replaces the process
+    except UserError as exc:
+        if verbose:
+            traceback.print_exc()
+        if loud:
+            print(exc.render(), file=sys.stderr, flush=True)
+        return USAGE_EXIT

@@ -1,0 +1,428 @@
+"""The launch plan: a frozen value built by pure functions from options and facts.
+
+``build_plan(options, facts)`` decides the mode:
+- ``rank``: this process already is a rank (started by mpirun/mpiexec/srun); the plan is
+  "bind to these CPUs, set this env, exec the command";
+- ``srun``: inside a Slurm allocation, start the ranks with srun;
+- ``mpirun``: anywhere else, start them with the MPI's own launcher.
+In the last two the ranks run ``hpcai-launch`` again, which then plans in ``rank`` mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import flavours
+from .errors import UserError
+from .flavours import Flavour, MpiInstall
+from .hosts import parse_hosts
+from .placement import Placement, plan_placement, thread_env
+from .rankenv import RankInfo, in_slurm_step, rendezvous_port, torch_env
+from .topology import Topology
+
+LAUNCHERS = ("auto", "mpirun", "srun")
+MPI_CHOICES = ("auto", *flavours.FLAVOURS)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for (parsed command line)."""
+
+    command: tuple[str, ...]
+    ranks_per_node: int | None = None
+    ranks_per_numa: int | None = None
+    threads_per_rank: int | None = None
+    hyperthreads: bool = False
+    oversubscribe: bool = False
+    launcher: str = "auto"
+    mpi: str = "auto"
+    mpirun: str | None = None
+    hosts: str | None = None
+    nodes: int | None = None
+    topology: str | None = None
+    report_bindings: bool = False
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What planning needs from the world, gathered once by :func:`gather_facts`."""
+
+    env: dict[str, str]
+    topology: Topology
+    hostname: str
+    self_argv: tuple[str, ...]
+    command_path: str | None
+    uid: int = 1000
+    ppid: int = 0
+    free_port: int = 29500
+    mpi: MpiInstall | None = None
+    cache_dir: str = "~/.cache/hpcai"
+    rank: RankInfo | None = None
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One local rank's binding and environment."""
+
+    local_rank: int
+    numa: tuple[int, ...]
+    cpus: str
+    threads: int
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    mode: str                              # "mpirun", "srun" or "rank"
+    reason: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]       # set in the launching process (and exported)
+    placement: Placement
+    ranks: tuple[RankPlan, ...]            # every local rank (rank mode: only this one)
+    topology: str
+    mpi: MpiInstall | None = None
+    rank: RankInfo | None = None
+    bind_cpus: tuple[int, ...] | None = None   # rank mode: sched_setaffinity target
+    compat_links: tuple[tuple[str, str], ...] = ()  # (link, target) to create first
+    notes: tuple[str, ...] = field(default=())
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def to_dict(self) -> dict:
+        data = {
+            "mode": self.mode,
+            "reason": self.reason,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "topology": self.topology,
+            "mpi": self.mpi.to_dict() if self.mpi else None,
+            "placement": {
+                "ranks_per_node": self.placement.ranks_per_node,
+                "threads_per_rank": self.placement.threads_per_rank,
+                "cores_per_rank": self.placement.cores_per_rank,
+                "layout": self.placement.layout,
+                "hyperthreads": self.placement.hyperthreads,
+                "oversubscribed": self.placement.oversubscribed,
+            },
+            "ranks": [dict(asdict(r), env=dict(r.env)) for r in self.ranks],
+            "rank": self.rank.to_dict() if self.rank else None,
+            "bind_cpus": list(self.bind_cpus) if self.bind_cpus is not None else None,
+            "compat_links": [list(x) for x in self.compat_links],
+            "notes": list(self.notes),
+        }
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def render(self) -> str:
+        """Readable form for ``--dry-run``."""
+        lines = [f"mode:      {self.mode} ({self.reason})", f"topology:  {self.topology}"]
+        if self.mpi:
+            lines.append(f"mpi:       {self.mpi.flavour.title} {self.mpi.version} "
+                         f"[{self.mpi.how}]")
+        p = self.placement
+        lines.append(f"placement: {p.ranks_per_node} rank(s)/node x {p.threads_per_rank} "
+                     f"thread(s), {p.cores_per_rank} core(s)/rank, layout {p.layout}"
+                     + (", OVERSUBSCRIBED" if p.oversubscribed else ""))
+        for r in self.ranks:
+            lines.append(f"  local rank {r.local_rank}: NUMA {','.join(map(str, r.numa))} "
+                         f"cpus {r.cpus} threads {r.threads}")
+        if self.ranks:
+            lines.append("rank env:  " + " ".join(f"{k}={v}" for k, v in self.ranks[0].env
+                                                  if k != "HPCAI_CPUS"))
+        if self.env:
+            lines.append("env:")
+            lines.extend(f"  {k}={v}" for k, v in self.env)
+        for link, target in self.compat_links:
+            lines.append(f"link:      {link} -> {target}")
+        lines.append("argv:")
+        lines.append("  " + " ".join(_quote(a) for a in self.argv))
+        lines.extend(f"note:      {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _quote(arg: str) -> str:
+    """Display-only quoting (argv is never run through a shell)."""
+    import shlex
+    return shlex.quote(arg)
+
+
+# --- pure planning -----------------------------------------------------------------------
+
+def choose_mode(options: Options, facts: Facts) -> tuple[str, str]:
+    """Which launch mode, and why."""
+    if facts.rank is not None:
+        return "rank", f"started as rank {facts.rank.rank} of {facts.rank.size} by " \
+                       f"{facts.rank.started_by}"
+    if options.launcher == "srun":
+        return "srun", "--launcher srun"
+    if options.launcher == "mpirun":
+        return "mpirun", "--launcher mpirun"
+    if options.hosts:
+        return "mpirun", "--hosts given"
+    if facts.env.get("SLURM_JOB_ID") and not in_slurm_step(facts.env):
+        return "srun", f"inside Slurm allocation {facts.env['SLURM_JOB_ID']}"
+    return "mpirun", "outside any allocation"
+
+
+def build_plan(options: Options, facts: Facts) -> LaunchPlan:
+    """The whole decision, as a value. Raises UserError for anything the user must fix."""
+    if not options.command:
+        raise UserError("no command to run",
+                        "put the program after '--', e.g. hpcai-launch --ranks-per-node 2 "
+                        "-- python train.py")
+    mode, reason = choose_mode(options, facts)
+    if facts.command_path is None:
+        raise UserError(f"command not found: {options.command[0]!r}",
+                        "check the spelling and PATH, or give an absolute path")
+    if mode == "rank":
+        return _rank_plan(options, facts, reason)
+    placement = _placement(options, facts.topology, options.ranks_per_node)
+    ranks = tuple(_rank_plan_entry(placement, i) for i in range(placement.ranks_per_node))
+    if mode == "srun":
+        return _srun_plan(options, facts, placement, ranks, reason)
+    return _mpirun_plan(options, facts, placement, ranks, reason)
+
+
+def _placement(options: Options, topology: Topology, ranks_per_node: int | None) -> Placement:
+    return plan_placement(topology, ranks_per_node=ranks_per_node,
+                          ranks_per_numa=options.ranks_per_numa,
+                          threads_per_rank=options.threads_per_rank,
+                          hyperthreads=options.hyperthreads,
+                          oversubscribe=options.oversubscribe)
+
+
+def _rank_plan_entry(placement: Placement, local_rank: int) -> RankPlan:
+    slot = placement.slot(local_rank)
+    env = thread_env(slot, placement.hyperthreads)
+    return RankPlan(local_rank=local_rank, numa=slot.numa, cpus=slot.cpulist,
+                    threads=slot.threads, env=tuple(env.items()))
+
+
+def wrapper_args(options: Options, ranks_per_node: int) -> list[str]:
+    """Options the per-rank ``hpcai-launch`` needs to rebuild the same placement."""
+    args = ["--ranks-per-node", str(ranks_per_node)]
+    if options.threads_per_rank is not None:
+        args += ["--threads-per-rank", str(options.threads_per_rank)]
+    for flag, on in (("--hyperthreads", options.hyperthreads),
+                     ("--oversubscribe", options.oversubscribe),
+                     ("--report-bindings", options.report_bindings),
+                     ("-v", options.verbose)):
+        if on:
+            args.append(flag)
+    if options.topology:
+        args += ["--topology", options.topology]
+    if options.mpi != "auto":
+        args += ["--mpi", options.mpi]
+    return args
+
+
+def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str],
+                    cache_dir: str) -> tuple[dict[str, str], tuple[tuple[str, str], ...], list[str]]:
+    """Env (and compat links) so that ranks, mpi4py included, load the chosen libmpi."""
+    if mpi is None:
+        return {}, (), []
+    out = {"MPI4PY_MPIABI": mpi.flavour.mpi4py_abi}
+    links: tuple[tuple[str, str], ...] = ()
+    notes: list[str] = []
+    libdirs: list[str] = []
+    if mpi.libdir and mpi.flavour.family == "mpich":
+        soname = Path(mpi.libdir) / mpi.flavour.libmpi_soname
+        if not soname.exists() and (Path(mpi.libdir) / "libmpich.so.12").exists():
+            shim = str(Path(cache_dir).expanduser() / "abi" / mpi.flavour.name)
+            links = ((f"{shim}/{mpi.flavour.libmpi_soname}",
+                      f"{mpi.libdir}/libmpich.so.12"),)
+            libdirs.append(shim)
+            notes.append(f"{mpi.libdir} has libmpich.so.12 but no {mpi.flavour.libmpi_soname} "
+                         "(Debian layout): a compat link makes MPICH-ABI programs load it")
+        elif mpi.libdir not in flavours._SYSTEM_LIBDIRS:
+            libdirs.append(mpi.libdir)
+    if mpi.libdir and mpi.flavour.family == "openmpi" and mpi.libdir not in flavours._SYSTEM_LIBDIRS:
+        libdirs.append(mpi.libdir)
+    if libdirs:
+        current = env.get("LD_LIBRARY_PATH", "")
+        out["LD_LIBRARY_PATH"] = ":".join([*libdirs, *([current] if current else [])])
+    return out, links, notes
+
+
+def _global_env(options: Options, facts: Facts, master_addr: str,
+                placement: Placement) -> tuple[dict[str, str], tuple, list[str]]:
+    env = {"MASTER_ADDR": facts.env.get("MASTER_ADDR", master_addr),
+           "MASTER_PORT": facts.env.get("MASTER_PORT", str(facts.free_port))}
+    lib_env, links, notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
+    env.update(lib_env)
+    if facts.mpi:
+        env.update(flavours.BINDING_ENV[facts.mpi.flavour.name](placement))
+    return env, links, notes
+
+
+def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
+                 ranks: tuple[RankPlan, ...], reason: str) -> LaunchPlan:
+    mpi = facts.mpi
+    if mpi is None:
+        raise UserError("no MPI found to start the ranks with",
+                        "install an MPI, or pass --mpirun PATH / --mpi")
+    rpn = placement.ranks_per_node
+    hosts = parse_hosts(options.hosts) if options.hosts else ((facts.hostname, None),)
+    for name, slots in hosts:
+        if slots is not None and slots < rpn:
+            raise UserError(f"host {name} offers {slots} slot(s) but --ranks-per-node is {rpn}",
+                            f"give {name}:{rpn} in --hosts or lower --ranks-per-node")
+    local = not options.hosts
+    master = "127.0.0.1" if local else hosts[0][0]
+    env, links, notes = _global_env(options, facts, master, placement)
+    flavour = mpi.flavour
+    total = rpn * len(hosts)
+    argv: list[str] = [mpi.launcher, "-n", str(total)]
+    if flavour.hosts_style == "slots":
+        argv += ["--host", ",".join(f"{h}:{rpn}" for h, _ in hosts)]
+    else:
+        argv += ["-hosts", ",".join(h for h, _ in hosts), "-ppn", str(rpn)]
+    if flavour.name == "openmpi" and facts.uid == 0:
+        argv.append("--allow-run-as-root")
+        notes.append("running as root: Open MPI needs --allow-run-as-root")
+    argv += flavours.BINDING_ARGS[flavour.name](placement)
+    argv += flavour.env_args(env)
+    argv += [*facts.self_argv, *wrapper_args(options, rpn), "--", *options.command]
+    return LaunchPlan(mode="mpirun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
+                      placement=placement, ranks=ranks, topology=facts.topology.describe(),
+                      mpi=mpi, compat_links=links, notes=tuple(notes))
+
+
+def srun_argv(options: Options, flavour: Flavour | None, placement: Placement,
+              nodes: int | None, self_argv: tuple[str, ...]) -> list[str]:
+    """The srun line that starts this placement (also quoted in mismatch errors)."""
+    argv = ["srun"]
+    if flavour is not None:
+        argv.append(f"--mpi={flavour.srun_mpi}")
+    if nodes:
+        argv.append(f"--nodes={nodes}")
+    argv += [f"--ntasks-per-node={placement.ranks_per_node}",
+             f"--cpus-per-task={len(placement.slots[0].cpus)}"]
+    argv += flavours.srun_binding(placement)
+    argv += [*self_argv, *wrapper_args(options, placement.ranks_per_node),
+             "--", *options.command]
+    return argv
+
+
+def _srun_plan(options: Options, facts: Facts, placement: Placement,
+               ranks: tuple[RankPlan, ...], reason: str) -> LaunchPlan:
+    nodes = options.nodes or _int_or_none(facts.env.get("SLURM_JOB_NUM_NODES")
+                                          or facts.env.get("SLURM_NNODES"))
+    env, links, notes = _global_env(options, facts, "", placement)
+    if not env["MASTER_ADDR"]:
+        del env["MASTER_ADDR"]   # each rank takes the step's first node
+    del env["MASTER_PORT"]       # each rank derives it from the job and step id
+    flavour = facts.mpi.flavour if facts.mpi else None
+    if flavour is None:
+        notes.append("MPI flavour unknown: srun uses the site's default --mpi plugin")
+    argv = srun_argv(options, flavour, placement, nodes, facts.self_argv)
+    return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
+                      placement=placement, ranks=ranks, topology=facts.topology.describe(),
+                      mpi=facts.mpi, compat_links=links, notes=tuple(notes))
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
+    info = facts.rank
+    assert info is not None
+    if options.ranks_per_node is not None and options.ranks_per_node != info.local_size:
+        raise _mismatch_error(options, facts, info)
+    placement = _placement(options, facts.topology, info.local_size)
+    if info.local_rank >= placement.ranks_per_node:
+        raise UserError(f"local rank {info.local_rank} outside the {placement.ranks_per_node} "
+                        "planned ranks per node", "check the launcher's ranks per node")
+    entry = _rank_plan_entry(placement, info.local_rank)
+    env = dict(entry.env)
+    env.update(torch_env(info, facts.env))
+    notes: list[str] = []
+    links: tuple[tuple[str, str], ...] = ()
+    if facts.mpi is not None and "MPI4PY_MPIABI" not in facts.env:
+        lib_env, links, lib_notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
+        env.update(lib_env)
+        notes += lib_notes
+    mpi_type = facts.env.get("SLURM_MPI_TYPE")
+    if info.started_by == "slurm" and info.size > 1 and mpi_type in ("none", ""):
+        notes.append("srun started the ranks without a PMI plugin (--mpi=none): MPI programs "
+                     "will each see a world of size 1; use srun --mpi=pmix (Open MPI) or "
+                     "--mpi=pmi2 (MPICH, Intel MPI)")
+    synthetic = facts.topology.source != "sysfs"
+    if synthetic:
+        notes.append(f"topology {facts.topology.source} is not this machine: not binding")
+    return LaunchPlan(mode="rank", reason=reason,
+                      argv=(facts.command_path or options.command[0], *options.command[1:]),
+                      env=tuple(env.items()), placement=placement, ranks=(entry,),
+                      topology=facts.topology.describe(), rank=info,
+                      bind_cpus=None if synthetic else placement.slot(info.local_rank).cpus,
+                      mpi=facts.mpi, compat_links=links, notes=tuple(notes))
+
+
+def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError:
+    wanted = options.ranks_per_node
+    what = {"slurm": "srun", "openmpi": "mpirun", "hydra": "mpiexec"}[info.started_by]
+    message = (f"{what} started {info.local_size} task(s) on this node but "
+               f"--ranks-per-node is {wanted}")
+    if info.started_by == "slurm":
+        try:
+            placement = _placement(options, facts.topology, wanted)
+            flavour = flavours.get(options.mpi) if options.mpi != "auto" else None
+            nodes = len(info.nodes) or None
+            line = " ".join(_quote(a) for a in srun_argv(options, flavour, placement, nodes,
+                                                           ("hpcai-launch",)))
+            return UserError(message, f"run: {line}")
+        except UserError as exc:
+            return UserError(message, exc.hint)
+    return UserError(message, f"start {wanted} rank(s) per node ({what} -ppn/--map-by "
+                              f"ppr:{wanted}:node), or let hpcai-launch start the ranks itself")
+
+
+# --- the impure part: gathering facts ----------------------------------------------------
+
+def gather_facts(options: Options, env: dict[str, str] | None = None) -> Facts:
+    """Read the world once: topology, rank identity, MPI, command path, a free port."""
+    import shutil
+    import socket
+    import sys
+
+    from . import rankenv, topology
+
+    env = dict(os.environ if env is None else env)
+    info = rankenv.from_environ(env, os.getppid())
+    topo = topology.load(options.topology or env.get("HPCAI_TOPOLOGY"))
+    command_path = None
+    if options.command:
+        command_path = shutil.which(options.command[0], path=env.get("PATH"))
+    mpi = None
+    port = 0
+    if info is not None and options.mpi != "auto":
+        mpi = flavours.locate(flavours.get(options.mpi), options.mpirun, env)
+    if info is None:
+        mode, _ = choose_mode(options, Facts(env=env, topology=topo, hostname="",
+                                             self_argv=(), command_path=None, rank=None))
+        if mode == "mpirun" or options.mpi != "auto" or options.mpirun:
+            mpi = flavours.resolve(options.mpi, options.mpirun, env)
+        elif mode == "srun":
+            found = flavours.find_launcher(None, env)
+            mpi = flavours.resolve("auto", found, env) if found else None
+        port = _free_port(socket)
+    return Facts(env=env, topology=topo, hostname=socket.gethostname(),
+                 self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
+                 uid=os.getuid(), ppid=os.getppid(), free_port=port, mpi=mpi,
+                 cache_dir=env.get("HPCAI_CACHE", os.path.join(
+                     env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai")),
+                 rank=info)
+
+
+def _free_port(socket_module) -> int:
+    with socket_module.socket(socket_module.AF_INET, socket_module.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

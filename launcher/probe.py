@@ -1,0 +1,77 @@
+"""A real MPI program that says who each rank is and where it runs.
+
+``python -m hpcai.launcher.probe [--out DIR]`` initialises MPI (mpi4py), checks the world
+with an allreduce, and prints (and writes ``DIR/rank-R.json``) the rank, world size, local
+rank, host, CPU affinity, thread env, the MPI library version and the path of the libmpi
+actually mapped into the process. It is the default demo and the test workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from .topology import format_cpulist
+
+_TRANSLATED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+               "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
+               "HPCAI_CPUS")
+
+
+def mapped_libraries(prefixes: tuple[str, ...] = ("libmpi", "libmpich")) -> list[str]:
+    """Paths of shared objects mapped into this process whose file name starts with a prefix."""
+    found: list[str] = []
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6:
+                path = parts[5].strip()
+                if os.path.basename(path).startswith(prefixes) and path not in found:
+                    found.append(path)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hpcai-probe")
+    parser.add_argument("--out", help="directory for rank-R.json files")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    total = comm.allreduce(rank, op=MPI.SUM)
+    record = {
+        "rank": rank,
+        "size": size,
+        "allreduce_ok": total == size * (size - 1) // 2,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "affinity_list": format_cpulist(os.sched_getaffinity(0)),
+        "env": {k: os.environ.get(k) for k in _TRANSLATED},
+        "mpi_library_version": MPI.Get_library_version().strip().splitlines()[0],
+        "libmpi": mapped_libraries(),
+    }
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".rank-{rank}.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(out / f"rank-{rank}.json")
+    if not args.quiet:
+        print(f"rank {rank}/{size} local {record['env']['LOCAL_RANK']} on {record['host']} "
+              f"cpus {record['affinity_list']} threads {record['env']['OMP_NUM_THREADS']} "
+              f"{record['mpi_library_version'][:40]} "
+              f"libmpi {','.join(record['libmpi']) or '?'}", flush=True)
+    comm.Barrier()
+    return 0 if record["allreduce_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

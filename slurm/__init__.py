@@ -1,0 +1,1 @@
+"""Slurm helpers: a private local cluster for tests and trials (`localcluster`)."""
