@@ -64,8 +64,8 @@ def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> None:
         _, after, how = apply_binding(plan.bind_cpus)
         line, ok = binding_report(plan, after, how)
         if report_bindings or not ok:
-            print(line if ok else f"warning: {line}: real affinity differs from the plan",
-                  file=sys.stderr, flush=True)
+            text = line if ok else f"warning: {line}: real affinity differs from the plan"
+            os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
     env = dict(os.environ)
     env.update(plan.env)
     try:

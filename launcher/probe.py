@@ -65,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(record, indent=1))
         tmp.replace(out / f"rank-{rank}.json")
     if not args.quiet:
-        print(f"rank {rank}/{size} local {record['env']['LOCAL_RANK']} on {record['host']} "
+        line = (f"rank {rank}/{size} local {record['env']['LOCAL_RANK']} on {record['host']} "
               f"cpus {record['affinity_list']} threads {record['env']['OMP_NUM_THREADS']} "
               f"{record['mpi_library_version'][:40]} "
-              f"libmpi {','.join(record['libmpi']) or '?'}", flush=True)
+              f"libmpi {','.join(record['libmpi']) or '?'}\n")
+        os.write(sys.stdout.fileno(), line.encode())  # one write: lines never interleave
     comm.Barrier()
     return 0 if record["allreduce_ok"] else 1
 

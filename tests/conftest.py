@@ -1,0 +1,68 @@
+"""Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+            "UCX_NET_DEVICES": "lo"}
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """Environment for launching ranks in tests: venv first on PATH, MPI on loopback."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI4PY_", "HPCAI_"))}
+    env.update(LOOPBACK)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', os.defpath)}"
+    env.update(extra)
+    return env
+
+
+@dataclass(frozen=True)
+class MpiUnderTest:
+    name: str            # hpcai flavour name
+    launcher: str        # path of mpirun/mpiexec
+    env: dict[str, str]  # extra env the launcher needs
+    lib_marker: str      # substring of the libmpi path every rank must have mapped
+    direct_args: tuple[str, ...] = ()  # extra args for `launcher -n 2 ...` as root
+
+
+def _detect_flavours() -> dict[str, MpiUnderTest]:
+    found: dict[str, MpiUnderTest] = {}
+    if shutil.which("mpirun.openmpi"):
+        found["openmpi"] = MpiUnderTest("openmpi", shutil.which("mpirun.openmpi"), {},
+                                        "libmpi.so.40", ("--allow-run-as-root",))
+    if shutil.which("mpiexec.mpich"):
+        found["mpich"] = MpiUnderTest("mpich", shutil.which("mpiexec.mpich"), {}, "libmpich")
+    impi = Path(os.environ.get("I_MPI_ROOT", VENV_BIN.parent / "opt" / "impi-rt"))
+    if (impi / "bin" / "mpiexec.hydra").exists():
+        found["intel"] = MpiUnderTest("intel", str(impi / "bin" / "mpiexec.hydra"),
+                                      {"I_MPI_ROOT": str(impi)}, str(impi / "lib"))
+    return found
+
+
+FLAVOURS = _detect_flavours()
+ALL_FLAVOURS = ("openmpi", "mpich", "intel")
+
+
+@pytest.fixture(params=ALL_FLAVOURS)
+def mpi(request) -> MpiUnderTest:
+    """Each MPI flavour installed here (skipped, with the reason, when one is missing)."""
+    if request.param not in FLAVOURS:
+        pytest.skip(f"{request.param} is not installed (run scripts/install.sh)")
+    return FLAVOURS[request.param]
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 120,
+        cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, check=False)

@@ -1,0 +1,61 @@
+"""Rank identity from every launcher's env, and its torch/Horovod translation."""
+
+from __future__ import annotations
+
+from hpcai.launcher.hosts import expand_hostlist, parse_tasks_per_node
+from hpcai.launcher.rankenv import from_environ, rendezvous_port, torch_env
+
+
+def test_openmpi_env():
+    info = from_environ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+                         "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+                         "OMPI_MCA_ess_base_jobid": "123"})
+    assert (info.rank, info.size, info.local_rank, info.local_size, info.node_rank) == \
+        (5, 8, 1, 4, 1)
+    env = torch_env(info, {"MASTER_ADDR": "n1", "MASTER_PORT": "4242"})
+    assert env == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                   "NODE_RANK": "1", "GROUP_RANK": "1", "MASTER_ADDR": "n1",
+                   "MASTER_PORT": "4242"}
+
+
+def test_hydra_env_mpich_and_intel():
+    info = from_environ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
+                         "MPI_LOCALNRANKS": "2", "I_MPI_HYDRA_UUID": "abc"})
+    assert (info.rank, info.node_rank, info.started_by) == (3, 1, "hydra")
+    single = from_environ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1",
+                           "MPI_LOCALNRANKS": "2"}, ppid=77)
+    env = torch_env(single, {})
+    assert env["MASTER_ADDR"] == "127.0.0.1"  # whole job on this node
+    assert env["MASTER_PORT"] == str(rendezvous_port("hydra-ppid:77"))
+
+
+def test_slurm_step_env():
+    env = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_PROCID": "6",
+           "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "2", "SLURM_NODEID": "1",
+           "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_NODELIST": "n[07-08]"}
+    info = from_environ(env)
+    assert (info.rank, info.size, info.local_rank, info.local_size, info.node_rank) == \
+        (6, 8, 2, 4, 1)
+    out = torch_env(info, env)
+    assert out["MASTER_ADDR"] == "n07"
+    assert out["MASTER_PORT"] == str(rendezvous_port("slurm:4711.0"))
+
+
+def test_batch_script_is_not_a_rank():
+    assert from_environ({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0"}) is None
+    assert from_environ({"SLURM_JOB_ID": "1", "SLURM_PROCID": "0",
+                         "SLURM_STEP_ID": str(0xFFFFFFFB)}) is None
+    assert from_environ({}) is None
+
+
+def test_ports_differ_between_concurrent_jobs_and_steps():
+    ports = {rendezvous_port(f"slurm:{job}.{step}") for job in range(1000, 2400)
+             for step in range(4)}
+    assert len(ports) == 1400 * 4
+    assert all(20000 <= p < 32000 for p in ports)
+
+
+def test_hostlists():
+    assert expand_hostlist("n[1-3],login1") == ("n1", "n2", "n3", "login1")
+    assert expand_hostlist("gpu[01-02,10]") == ("gpu01", "gpu02", "gpu10")
+    assert parse_tasks_per_node("2(x3),1") == (2, 2, 2, 1)
