@@ -101,7 +101,7 @@ class LocalCluster:
         self.nodes: list[str] = []
         self.start_seconds: float | None = None
         self._procs: list[tuple[str, subprocess.Popen]] = []
-        self._logs: dict[str, Path] = {}
+        self._logs: dict[str, Path] = {}      # daemon -> its log file
 
     # --- public --------------------------------------------------------------------------
 
@@ -129,17 +129,21 @@ class LocalCluster:
         return env
 
     def run(self, argv: list[str], timeout: float = 120.0, env: dict[str, str] | None = None,
-            cwd: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
+            cwd: str | None = None, check: bool = False,
+            unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
         """Run a client command (argv list, never a shell) against this cluster.
 
-        ``env`` is added on top of :meth:`client_env`. Output is captured as text.
-        Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the command is
-        killed, and any job it left behind is cancelled).
+        ``env`` is added on top of :meth:`client_env`; names in ``unset`` are removed.
+        Output is captured as text. Raises ``subprocess.TimeoutExpired`` after ``timeout``
+        seconds (the command is killed, and any job it left behind is cancelled).
         """
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of strings, not a shell string")
+        full_env = self.client_env(env)
+        for name in unset:
+            full_env.pop(name, None)
         try:
-            return subprocess.run(list(argv), env=self.client_env(env), cwd=cwd,
+            return subprocess.run(list(argv), env=full_env, cwd=cwd,
                                   capture_output=True, text=True, timeout=timeout,
                                   check=check)
         except subprocess.TimeoutExpired:
@@ -159,7 +163,11 @@ class LocalCluster:
     def log_tails(self, lines: int = 20) -> str:
         """The last lines of every daemon log, for error messages."""
         parts = []
-        for name, path in self._logs.items():
+        for name, _ in self._procs:
+            # The log file, or what the daemon wrote to stderr when it died before opening it.
+            path = self._logs.get(name)
+            if path is None or not path.exists() or path.stat().st_size == 0:
+                path = self._stdout_path(name)
             parts.append(f"--- {name} ({path}) ---\n{_tail(path, lines)}")
         return "\n".join(parts)
 
@@ -213,8 +221,7 @@ class LocalCluster:
                 key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         self.munge_socket = mdir / "munge.sock"
-        log = mdir / "munged.log"
-        self._logs["munged"] = log
+        log = mdir / "munged.log"   # munged --foreground logs to stderr instead
         self._spawn("munged", [find_program("munged") or "munged", "--foreground",
                                f"--socket={self.munge_socket}", f"--key-file={key}",
                                f"--pid-file={mdir / 'munged.pid'}", f"--log-file={log}",
@@ -311,7 +318,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         assert self.dir is not None
-        out = open(self.dir / f"{name.replace(' ', '-')}.out", "wb")
+        out = open(self._stdout_path(name), "wb")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=_clean_environ(),
@@ -319,7 +326,10 @@ class LocalCluster:
         finally:
             out.close()
         self._procs.append((name, proc))
-        self._logs.setdefault(f"{name} stdout", self.dir / f"{name.replace(' ', '-')}.out")
+
+    def _stdout_path(self, name: str) -> Path:
+        assert self.dir is not None
+        return self.dir / f"{name.replace(' ', '-')}.out"
 
     def _alive(self, name: str) -> bool:
         return any(n == name and p.poll() is None for n, p in self._procs)
