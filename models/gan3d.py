@@ -1,0 +1,408 @@
+"""3DGAN (CERN's calorimeter-shower GAN) in PyTorch, written from /work/shared/spec/3dgan.md.
+
+Conventions
+-----------
+* Images are channels-first ``(N, 1, 25, 25, 25)``; the last spatial axis is depth (the 25
+  calorimeter layers).  ``E'`` is the primary energy / 100 GeV, shape ``(N, 1)``.
+* Keras defaults are reproduced: LeakyReLU alpha 0.3, BatchNorm momentum 0.99 (torch
+  ``momentum=0.01``) and eps 1e-3, zero biases, Keras 'same' padding (extra pad after),
+  symmetric ``ZeroPadding3D`` per axis, ``UpSampling3D`` = repeat each value per axis.
+* All randomness of the training step (E', z, bit flips) comes from an explicit
+  ``torch.Generator``; weight initialisation takes an optional one too.  Dropout uses torch's
+  global RNG (``nn.Dropout`` takes no generator): seed it with ``torch.manual_seed``.
+
+Training step (``gan_iteration``): four optimiser steps per iteration, D on a real batch,
+D on a generated batch (G in inference mode), then G twice with fresh E' and z while D is
+frozen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+LATENT = 200
+LOSS_WEIGHTS = (8.0, 0.2, 0.1)
+E_MIN, E_MAX = 0.1, 5.0
+
+LEAKY_ALPHA = 0.3
+BN_MOMENTUM = 0.01  # torch convention: Keras momentum 0.99 -> 1 - 0.99
+BN_EPS = 1e-3
+DROPOUT = 0.2
+EPS = 1e-7  # Keras K.epsilon(): BCE clipping and the MAPE denominator floor
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras-style building blocks and initialisers
+
+
+class ZeroPad3d(nn.Module):
+    """Keras ``ZeroPadding3D((a, b, c))``: pad spatial axis i by ``p[i]`` on both sides."""
+
+    def __init__(self, padding: int | tuple[int, int, int]):
+        super().__init__()
+        p = (padding,) * 3 if isinstance(padding, int) else tuple(padding)
+        self.padding = p
+        # F.pad orders the pads last axis first: (d3_lo, d3_hi, d2_lo, d2_hi, d1_lo, d1_hi)
+        self._pad = (p[2], p[2], p[1], p[1], p[0], p[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, self._pad)
+
+    def extra_repr(self) -> str:
+        return f"padding={self.padding}"
+
+
+class Upsample3d(nn.Module):
+    """Keras ``UpSampling3D(size)``: repeat every value ``size[i]`` times along spatial axis i.
+
+    Implemented with ``repeat_interleave`` so that it is exact (no float scale arithmetic);
+    this equals nearest-neighbour upsampling with integer factors.
+    """
+
+    def __init__(self, size: tuple[int, int, int]):
+        super().__init__()
+        self.size = tuple(size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for axis, s in zip((2, 3, 4), self.size):
+            if s != 1:
+                x = x.repeat_interleave(s, dim=axis)
+        return x
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}"
+
+
+class Conv3dSame(nn.Conv3d):
+    """Stride-1 ``Conv3D(padding='same')`` as Keras/TF pads it: per axis the total padding is
+    ``k - 1``, split ``before = (k - 1) // 2``, ``after = (k - 1) - before`` (the extra zero goes
+    after).  torch's ``padding='same'`` does the same but warns for even
+    kernels, so the padding is applied explicitly here.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel_size, bias: bool = True):
+        super().__init__(cin, cout, kernel_size, padding=0, bias=bias)
+        pads: list[int] = []
+        for k in reversed(self.kernel_size):  # F.pad order: last axis first
+            total = k - 1
+            pads += [total // 2, total - total // 2]
+        self.same_pad = tuple(pads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.pad(x, self.same_pad))
+
+
+def _bn(channels: int) -> nn.BatchNorm3d:
+    return nn.BatchNorm3d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+
+
+def glorot_uniform_(w: torch.Tensor, rng: torch.Generator | None = None) -> torch.Tensor:
+    """Keras glorot_uniform: U(-l, l), l = sqrt(6 / (fan_in + fan_out))."""
+    return nn.init.xavier_uniform_(w, gain=1.0, generator=rng)
+
+
+def he_uniform_(w: torch.Tensor, rng: torch.Generator | None = None) -> torch.Tensor:
+    """Keras he_uniform: U(-l, l), l = sqrt(6 / fan_in) (kaiming uniform, fan_in, gain sqrt 2)."""
+    return nn.init.kaiming_uniform_(w, a=0.0, mode="fan_in", nonlinearity="relu", generator=rng)
+
+
+def glorot_normal_(w: torch.Tensor, rng: torch.Generator | None = None) -> torch.Tensor:
+    """Keras glorot_normal: truncated normal (cut at +-2 sd), sd = sqrt(2/(fan_in+fan_out))/0.8796..
+
+    The divisor is the std of a unit normal truncated at +-2, so the result has the Glorot
+    variance.
+    """
+    fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(w)
+    std = math.sqrt(2.0 / (fan_in + fan_out)) / 0.87962566103423978
+    return nn.init.trunc_normal_(w, mean=0.0, std=std, a=-2.0 * std, b=2.0 * std, generator=rng)
+
+
+def _init(layer: nn.Module, fn, rng: torch.Generator | None) -> None:
+    fn(layer.weight, rng)
+    if getattr(layer, "bias", None) is not None:
+        nn.init.zeros_(layer.bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+class Generator(nn.Module):
+    """Generator: input ``E' * z`` of shape (N, 200) -> shower (N, 1, 25, 25, 25), values >= 0.
+
+    ``dense`` -> Keras Reshape((7,7,8,8)) on channels-last data, then ``body`` (spec layers 3-16).
+    """
+
+    def __init__(self, latent: int = LATENT, rng: torch.Generator | None = None):
+        super().__init__()
+        self.latent = latent
+        self.dense = nn.Linear(latent, 7 * 7 * 8 * 8)                            # 1
+        self.body = nn.Sequential(
+            Conv3dSame(8, 64, (6, 6, 8)),                                        # 3
+            nn.LeakyReLU(LEAKY_ALPHA),                                           # 4
+            _bn(64),                                                             # 5
+            Upsample3d((2, 2, 2)),                                               # 6
+            ZeroPad3d((2, 2, 0)),                                                # 7
+            nn.Conv3d(64, 6, (6, 5, 8)),                                         # 8
+            nn.LeakyReLU(LEAKY_ALPHA),                                           # 9
+            _bn(6),                                                              # 10
+            Upsample3d((2, 2, 3)),                                               # 11
+            ZeroPad3d((1, 0, 3)),                                                # 12
+            nn.Conv3d(6, 6, (3, 3, 8)),                                          # 13
+            nn.LeakyReLU(LEAKY_ALPHA),                                           # 14
+            nn.Conv3d(6, 1, (2, 2, 2), bias=False),                              # 15
+            nn.ReLU(),                                                           # 16
+        )
+        _init(self.dense, glorot_uniform_, rng)
+        convs = [m for m in self.body if isinstance(m, nn.Conv3d)]
+        for conv in convs[:3]:
+            _init(conv, he_uniform_, rng)
+        _init(convs[3], glorot_normal_, rng)
+
+    def project(self, latent: torch.Tensor) -> torch.Tensor:
+        """Dense + Keras Reshape((7,7,8,8)): (N, 200) -> channels-first (N, 8, 7, 7, 8)."""
+        h = self.dense(latent)
+        # Keras reshapes the 3136 vector channels-last (D1, D2, D3, C) in C order.
+        return h.view(-1, 7, 7, 8, 8).permute(0, 4, 1, 2, 3)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.body(self.project(latent))
+
+
+class Discriminator(nn.Module):
+    """Discriminator: image (N,1,25,25,25) -> (fake prob (N,1), aux E' (N,1), ecal sum (N,1))."""
+
+    def __init__(self, rng: torch.Generator | None = None):
+        super().__init__()
+        lrelu = lambda: nn.LeakyReLU(LEAKY_ALPHA)  # noqa: E731
+        self.features = nn.Sequential(
+            nn.Sequential(                                                       # block 1
+                Conv3dSame(1, 32, 5), lrelu(), nn.Dropout(DROPOUT)),
+            nn.Sequential(                                                       # block 2
+                ZeroPad3d(2), nn.Conv3d(32, 8, 5), lrelu(), _bn(8), nn.Dropout(DROPOUT)),
+            nn.Sequential(                                                       # block 3
+                ZeroPad3d(2), nn.Conv3d(8, 8, 5), lrelu(), _bn(8), nn.Dropout(DROPOUT)),
+            nn.Sequential(                                                       # block 4
+                ZeroPad3d(1), nn.Conv3d(8, 8, 5), lrelu(), _bn(8), nn.Dropout(DROPOUT)),
+        )
+        self.pool = nn.AvgPool3d(2)  # Keras 'valid': 23 -> 11
+        self.fake = nn.Linear(11 * 11 * 11 * 8, 1)
+        self.aux = nn.Linear(11 * 11 * 11 * 8, 1)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv3d, nn.Linear)):
+                _init(m, glorot_uniform_, rng)
+
+    def flat_features(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pool(self.features(x))
+        # Flatten in Keras (channels-last) order so the Dense weights line up with a Keras model.
+        return h.permute(0, 2, 3, 4, 1).flatten(1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.flat_features(x)
+        fake = torch.sigmoid(self.fake(h))
+        aux = self.aux(h)
+        ecal = x.sum(dim=(1, 2, 3, 4)).unsqueeze(1)
+        return fake, aux, ecal
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss pieces
+
+
+def sampling_fraction(e: torch.Tensor) -> torch.Tensor:
+    """f(E') = E' (0.0018E'^4 - 0.023E'^3 + 0.11E'^2 - 0.28E' + 2.21): expected sum of cells."""
+    return e * (0.0018 * e**4 - 0.023 * e**3 + 0.11 * e**2 - 0.28 * e + 2.21)
+
+
+def bce(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of probabilities ``p`` against ``y``; p clipped to [1e-7, 1-1e-7]."""
+    y = y.reshape(p.shape).to(p.dtype)
+    p = p.clamp(EPS, 1.0 - EPS)
+    return -(y * torch.log(p) + (1.0 - y) * torch.log(1.0 - p)).mean()
+
+
+def mape(y: torch.Tensor, yhat: torch.Tensor) -> torch.Tensor:
+    """MAPE(y, yhat) = 100 * mean(|y - yhat| / max(|y|, 1e-7))."""
+    y = y.reshape(yhat.shape).to(yhat.dtype)
+    return 100.0 * ((y - yhat).abs() / y.abs().clamp_min(EPS)).mean()
+
+
+def bit_flip(labels: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
+    """Return a copy of 0/1 ``labels`` with each entry flipped with probability ``prob``."""
+    u = torch.rand(labels.shape, generator=generator, device=generator.device)
+    flip = (u < prob).to(labels.device)
+    return torch.where(flip, 1 - labels, labels)
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def sample_inputs(n: int, gen_rng: torch.Generator, device: torch.device | str | None = None,
+                  latent: int = LATENT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draw ``E' ~ U[0.1, 5]`` (n, 1) and ``z ~ N(0, 1)`` (n, latent); return (E', z, E' * z)."""
+    e = torch.rand((n, 1), generator=gen_rng, device=gen_rng.device) * (E_MAX - E_MIN) + E_MIN
+    z = torch.randn((n, latent), generator=gen_rng, device=gen_rng.device)
+    if device is not None:
+        e, z = e.to(device), z.to(device)
+    return e, z, e * z
+
+
+def _weighted(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    w0, w1, w2 = LOSS_WEIGHTS
+    return w0 * parts[0] + w1 * parts[1] + w2 * parts[2]
+
+
+def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
+                            gen: torch.Generator):
+    """w0 BCE(fake(x), BitFlip(1)) + w1 MAPE(E'_x, aux(x)) + w2 MAPE(sum x, ecal(x)).
+
+    Returns ``(total, (bce, mape_aux, mape_ecal))`` with unweighted parts (as Keras reports).
+    """
+    n = x.shape[0]
+    fake, aux, ecal = D(x)
+    labels = bit_flip(torch.ones((n, 1), device=x.device), 0.05, gen)
+    e = e.reshape(n, 1).to(aux.dtype)
+    ecal_target = x.detach().sum(dim=(1, 2, 3, 4)).unsqueeze(1)
+    parts = (bce(fake, labels), mape(e, aux), mape(ecal_target, ecal))
+    return _weighted(parts), parts
+
+
+def _generate(G: Generator, n: int, gen_rng: torch.Generator, device) -> tuple:
+    e, _, latent = sample_inputs(n, gen_rng, device=device, latent=G.latent)
+    return e, latent
+
+
+def discriminator_fake_loss(D: Discriminator, G: Generator, e: torch.Tensor,
+                            gen_rng: torch.Generator):
+    """w0 BCE(fake(G), BitFlip(0)) + w1 MAPE(E', aux(G)) + w2 MAPE(f(E'), sum G).
+
+    ``e`` is the real batch's energy tensor; only its length (the batch size) is used, E' and z
+    are drawn fresh from ``gen_rng`` as in the reference trainer.  G runs in inference mode
+    (``eval()`` + ``no_grad``, like Keras ``predict``); its previous mode is restored.
+    """
+    n = e.shape[0]
+    device = _device(D)
+    e_s, latent = _generate(G, n, gen_rng, device)
+    was_training = G.training
+    G.eval()
+    try:
+        with torch.no_grad():
+            x_hat = G(latent)
+    finally:
+        G.train(was_training)
+    x_hat = x_hat.detach()
+    fake, aux, ecal = D(x_hat)
+    labels = bit_flip(torch.zeros((n, 1), device=device), 0.05, gen_rng)
+    parts = (bce(fake, labels), mape(e_s, aux), mape(sampling_fraction(e_s), ecal))
+    return _weighted(parts), parts
+
+
+@contextlib.contextmanager
+def frozen(D: nn.Module) -> Iterator[None]:
+    """Freeze D the way Keras' combined model does (``discriminator.trainable = False``).
+
+    * ``requires_grad`` is switched off for D's parameters, so no gradient is computed or
+      accumulated for them (and an optimiser over G cannot touch them anyway).
+    * D stays in *train* mode: in the reference (Keras 2 ``train_on_batch`` runs with learning
+      phase 1) a frozen discriminator still applies dropout and normalises with the batch
+      statistics.  The Keras 2 ``Network.updates`` of a non-trainable model is empty, so the
+      BatchNorm moving averages are NOT updated during generator steps; we reproduce that by
+      turning ``track_running_stats`` off temporarily (batch statistics, no buffer update).
+    """
+    params = [(p, p.requires_grad) for p in D.parameters()]
+    bns = [(m, m.track_running_stats) for m in D.modules()
+           if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    try:
+        for p, _ in params:
+            p.requires_grad_(False)
+        for m, _ in bns:
+            m.track_running_stats = False
+        yield
+    finally:
+        for p, flag in params:
+            p.requires_grad_(flag)
+        for m, flag in bns:
+            m.track_running_stats = flag
+
+
+def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: torch.Generator):
+    """w0 BCE(fake(G), 1) + w1 MAPE(E', aux(G)) + w2 MAPE(f(E'), sum G), fresh E' and z.
+
+    Targets are all ones (no bit flip).  ``e`` only gives the batch size.  The caller should
+    wrap this in ``frozen(D)`` (``gan_iteration`` does) and step only G's optimiser; D is
+    deliberately left in whatever mode it is in (train mode in training, see ``frozen``).
+    """
+    n = e.shape[0]
+    device = _device(G)
+    e_s, latent = _generate(G, n, gen_rng, device)
+    x_hat = G(latent)
+    fake, aux, ecal = D(x_hat)
+    ones = torch.ones((n, 1), device=device)
+    parts = (bce(fake, ones), mape(e_s, aux), mape(sampling_fraction(e_s), ecal))
+    return _weighted(parts), parts
+
+
+# ---------------------------------------------------------------------------------------------
+# One training iteration
+
+
+_PART_NAMES = ("bce", "aux", "ecal")
+
+
+def _record(out: dict[str, float], key: str, total: torch.Tensor, parts) -> None:
+    out[key] = float(total.detach())
+    for name, part in zip(_PART_NAMES, parts):
+        out[f"{key}_{name}"] = float(part.detach())
+
+
+def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
+                  opt_d: torch.optim.Optimizer, x: torch.Tensor, e: torch.Tensor,
+                  rng: torch.Generator,
+                  after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
+    """Four optimiser steps: D on the real batch, D on a generated batch, G, G.
+
+    ``after_backward(module)`` is called after every ``backward()`` and before the matching
+    ``step()`` with the module about to be stepped (D or G), e.g. to allreduce its gradients.
+    Returns float losses: ``d_real``, ``d_fake``, ``g1``, ``g2`` (weighted totals), each with
+    ``_bce``, ``_aux``, ``_ecal`` parts, plus ``g`` = mean of the two generator totals.
+    """
+    G.train()
+    D.train()
+    out: dict[str, float] = {}
+
+    def step(module: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        loss.backward()
+        if after_backward is not None:
+            after_backward(module)
+        opt.step()
+
+    # 1. D on the real batch
+    opt_d.zero_grad(set_to_none=True)
+    total, parts = discriminator_real_loss(D, x, e, rng)
+    step(D, opt_d, total)
+    _record(out, "d_real", total, parts)
+
+    # 2. D on a generated batch (G in inference mode, output detached)
+    opt_d.zero_grad(set_to_none=True)
+    total, parts = discriminator_fake_loss(D, G, e, rng)
+    step(D, opt_d, total)
+    _record(out, "d_fake", total, parts)
+    opt_d.zero_grad(set_to_none=True)
+
+    # 3./4. G twice with fresh E' and z, D frozen
+    for key in ("g1", "g2"):
+        opt_g.zero_grad(set_to_none=True)
+        with frozen(D):
+            total, parts = generator_loss(D, G, e, rng)
+            step(G, opt_g, total)
+        _record(out, key, total, parts)
+    opt_g.zero_grad(set_to_none=True)
+    out["g"] = 0.5 * (out["g1"] + out["g2"])
+    return out

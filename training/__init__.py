@@ -1,0 +1,1 @@
+"""Training engine: data, synchronous data-parallel SGD over MPI, epoch logs, checkpoints."""

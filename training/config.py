@@ -1,0 +1,167 @@
+"""Training configuration: the parsed ``train`` command line, frozen, and its checks.
+
+Everything that can be wrong with it is found here, before MPI starts and before anything is
+written: the data directory and its HDF5 layout, the output directory, the comm backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpcai.launcher.errors import UserError
+
+MODELS = ("3dgan", "resnet50", "resnet-tiny")
+COMMS = ("mpi", "gloo", "horovod")
+
+DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
+    "3dgan": (16, 1e-3, "adam"),
+    "resnet50": (32, 0.0125, "sgd"),
+    "resnet-tiny": (16, 0.0125, "sgd"),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str
+    out: str
+    epochs: int = 2
+    batch_size: int = 0               # 0: the model's default
+    lr: float = 0.0                   # 0: the model's default; scaled by world size
+    lr_scaling: str = "linear"
+    warmup_epochs: float = 0.0
+    optimizer: str = ""
+    data: str | None = None
+    generate_events: int = 0          # >0: generate this many showers into OUT/data first
+    samples: int = 256                # synthetic images per epoch (ResNet)
+    image_size: int = 224
+    classes: int = 1000
+    comm: str = "mpi"
+    bucket_mb: float = 4.0
+    overlap: bool = True
+    verify_every: int = 50
+    bn: str = "local"
+    checkpoint_every: int = 0         # steps; 0 = end of each epoch only
+    keep: int = 3
+    resume: bool = False
+    seed: int = 1234
+    peak_gflops: float = 0.0
+    max_steps: int = 0                # per epoch, 0 = all
+    channels_last: bool = False
+    prefetch: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from hpcai.launcher.cli import _Parser
+
+    p = _Parser(prog="hpcai-train",
+                description="Synchronous data-parallel training over MPI (run it under "
+                            "hpcai-launch: `hpcai-launch -N 2 -- train 3dgan ...`).")
+    p.add_argument("model", choices=MODELS)
+    p.add_argument("--out", default="out", help="output directory (logs, checkpoints)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=0, help="per rank")
+    p.add_argument("--lr", type=float, default=0.0,
+                   help="per-rank base learning rate (multiplied by the world size)")
+    p.add_argument("--lr-scaling", choices=("linear", "none"), default="linear")
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--optimizer", choices=("adam", "rmsprop", "sgd"), default="")
+    p.add_argument("--data", help="directory of Ele*_*.h5 files (3dgan)")
+    p.add_argument("--generate", type=int, default=0, metavar="EVENTS",
+                   help="first generate EVENTS synthetic showers into OUT/data (3dgan)")
+    p.add_argument("--samples", type=int, default=256, help="synthetic images (resnet)")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--comm", choices=COMMS, default="mpi")
+    p.add_argument("--bucket-mb", type=float, default=4.0, help="allreduce fusion bucket")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="blocking allreduce after backward instead of overlapping it")
+    p.add_argument("--verify-every", type=int, default=50,
+                   help="check replicas are identical every K steps (0: epoch ends only)")
+    p.add_argument("--bn", choices=("local", "average"), default="local",
+                   help="BatchNorm running stats: per rank, or averaged over ranks each epoch")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: per epoch)")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--peak-gflops", type=float, default=0.0,
+                   help="per-rank peak to divide by (default: measure with a GEMM probe)")
+    p.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (tests)")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--no-prefetch", action="store_true")
+    return p
+
+
+def parse(argv: list[str]) -> TrainConfig:
+    ns = make_parser().parse_args(argv)
+    batch, lr, opt = DEFAULTS[ns.model]
+    cfg = TrainConfig(
+        model=ns.model, out=ns.out, epochs=ns.epochs, batch_size=ns.batch_size or batch,
+        lr=ns.lr or lr, lr_scaling=ns.lr_scaling, warmup_epochs=ns.warmup_epochs,
+        optimizer=ns.optimizer or opt, data=ns.data, generate_events=ns.generate,
+        samples=ns.samples, image_size=ns.image_size, classes=ns.classes, comm=ns.comm,
+        bucket_mb=ns.bucket_mb, overlap=not ns.no_overlap, verify_every=ns.verify_every,
+        bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
+        seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
+        channels_last=ns.channels_last, prefetch=not ns.no_prefetch)
+    check_numbers(cfg)
+    return cfg
+
+
+def check_numbers(cfg: TrainConfig) -> None:
+    for name, value in (("--epochs", cfg.epochs), ("--batch-size", cfg.batch_size)):
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, got {value}", f"give {name} 1 or more")
+    if cfg.lr <= 0:
+        raise UserError(f"--lr must be positive, got {cfg.lr}", "e.g. --lr 0.001")
+    if cfg.bucket_mb <= 0:
+        raise UserError("--bucket-mb must be positive", "e.g. --bucket-mb 4")
+
+
+def check_output_dir(out: Path) -> None:
+    """The output directory exists or can be made, and is writable; nothing is left behind.
+
+    Tried for real (a temporary file in the nearest existing ancestor), since permission bits
+    say little to root and nothing about read-only mounts.
+    """
+    import tempfile
+
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is not a directory"
+    else:
+        try:
+            fd, name = tempfile.mkstemp(prefix=".hpcai-write-test-", dir=existing)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            problem = f"cannot write in {existing}: {exc.strerror}"
+    if problem:
+        raise UserError(f"output directory {out} is not writable ({problem})",
+                        "choose a writable --out, e.g. on $SCRATCH or $HOME")
+
+
+def check_comm(comm: str) -> None:
+    if comm == "horovod":
+        try:
+            import horovod.torch  # noqa: F401
+        except ImportError as exc:
+            raise UserError(f"--comm horovod, but Horovod cannot be imported ({exc})",
+                            "use --comm mpi (the default), or build Horovod (see README)"
+                            ) from exc

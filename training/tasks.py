@@ -1,0 +1,123 @@
+"""The models as training tasks: modules, optimisers, one training step, FLOPs per sample.
+
+A task owns no communication: ``train_step`` takes an ``after_backward(module)`` callback that
+the engine uses to average gradients before each optimiser step.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hpcai.models import gan3d, resnet
+
+from .config import TrainConfig
+from .metrics import count_flops
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr, alpha=0.9)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
+
+
+class GanTask:
+    """CERN's 3DGAN: D real, D fake, G, G per iteration (spec: ../shared/spec/3dgan.md)."""
+
+    name = "3dgan"
+    loss_keys = ("d_real", "d_fake", "g", "d_real_aux", "g1_aux", "g1_ecal")
+
+    def __init__(self, cfg: TrainConfig, lr: float) -> None:
+        init = torch.Generator().manual_seed(cfg.seed)
+        self.G = gan3d.Generator(rng=init)
+        self.D = gan3d.Discriminator(rng=init)
+        if cfg.channels_last:
+            self.G = self.G.to(memory_format=torch.channels_last_3d)
+            self.D = self.D.to(memory_format=torch.channels_last_3d)
+        self.opt_g = make_optimizer(cfg.optimizer, self.G.parameters(), lr)
+        self.opt_d = make_optimizer(cfg.optimizer, self.D.parameters(), lr)
+        self.channels_last = cfg.channels_last
+
+    @property
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"generator": self.G, "discriminator": self.D}
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"generator": self.opt_g, "discriminator": self.opt_d}
+
+    def train_step(self, x: torch.Tensor, e: torch.Tensor, rng: torch.Generator,
+                   after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
+                                   after_backward)
+
+    def flops_per_sample(self, batch: int = 2) -> float:
+        """One whole iteration (4 optimiser steps) per real sample, on copies of the models."""
+        G, D = copy.deepcopy(self.G), copy.deepcopy(self.D)
+        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)
+        opt_d = torch.optim.SGD(D.parameters(), lr=0.0)
+        x = torch.rand(batch, 1, 25, 25, 25)
+        e = torch.full((batch,), 1.0)
+        rng = torch.Generator().manual_seed(0)
+        return count_flops(lambda: gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng)) / batch
+
+
+class ResNetTask:
+    """ResNet-50 (or a tiny ResNet for tests) on image batches, cross-entropy, SGD."""
+
+    loss_keys = ("loss", "accuracy")
+
+    def __init__(self, cfg: TrainConfig, lr: float) -> None:
+        torch.manual_seed(cfg.seed)
+        net = (resnet.resnet50(num_classes=cfg.classes) if cfg.model == "resnet50"
+               else resnet.resnet_tiny(num_classes=cfg.classes))
+        self.channels_last = cfg.channels_last
+        self.net = net.to(memory_format=torch.channels_last) if cfg.channels_last else net
+        self.opt = make_optimizer(cfg.optimizer, self.net.parameters(), lr)
+        self.name = cfg.model
+        self.image_size = cfg.image_size
+
+    @property
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"net": self.net}
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"net": self.opt}
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator,
+                   after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
+        self.net.train()
+        self.opt.zero_grad(set_to_none=True)
+        logits = self.net(self._prepare(x))
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        if after_backward is not None:
+            after_backward(self.net)
+        self.opt.step()
+        accuracy = float((logits.argmax(1) == y).float().mean())
+        return {"loss": float(loss.detach()), "accuracy": accuracy}
+
+    def flops_per_sample(self, batch: int = 2) -> float:
+        net = copy.deepcopy(self.net)
+        x = self._prepare(torch.randn(batch, 3, self.image_size, self.image_size))
+        y = torch.zeros(batch, dtype=torch.long)
+
+        def step() -> None:
+            F.cross_entropy(net(x), y).backward()
+
+        return count_flops(step) / batch
+
+
+def make_task(cfg: TrainConfig, lr: float):
+    return GanTask(cfg, lr) if cfg.model == "3dgan" else ResNetTask(cfg, lr)
