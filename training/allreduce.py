@@ -24,7 +24,7 @@ DEFAULT_BUCKET_MB = 4.0
 
 
 class MpiTransport:
-    """Sum-allreduce of flat float32 tensors with mpi4py (in place)."""
+    """Sum-allreduce of flat tensors with mpi4py (in place)."""
 
     name = "mpi"
 
@@ -123,8 +123,8 @@ class GradAllreducer:
         current: list[torch.nn.Parameter] = []
         size = 0
         for p in reversed(params):
-            nbytes = p.numel() * 4
-            if current and size + nbytes > limit:
+            nbytes = p.numel() * p.element_size()
+            if current and (size + nbytes > limit or p.dtype != current[0].dtype):
                 buckets.append(GradAllreducer._bucket(current))
                 current, size = [], 0
             current.append(p)
@@ -139,12 +139,12 @@ class GradAllreducer:
         for p in params:
             offsets.append(total)
             total += p.numel()
-        return _Bucket(params=params, flat=torch.zeros(total, dtype=torch.float32),
+        return _Bucket(params=params, flat=torch.zeros(total, dtype=params[0].dtype),
                        offsets=offsets)
 
     @property
     def nbytes(self) -> int:
-        return sum(b.flat.numel() * 4 for b in self.buckets)
+        return sum(b.flat.numel() * b.flat.element_size() for b in self.buckets)
 
     # -- overlap mode ---------------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
@@ -170,7 +170,7 @@ class GradAllreducer:
         self._pack(bucket)
         bucket.request = self.transport.start(bucket.flat)
         self.stats.allreduces += 1
-        self.stats.bytes += bucket.flat.numel() * 4
+        self.stats.bytes += bucket.flat.numel() * bucket.flat.element_size()
 
     def _unpack(self, bucket: _Bucket) -> None:
         bucket.flat.div_(self.size)
@@ -201,7 +201,7 @@ class GradAllreducer:
                 self._pack(bucket)
                 self.transport.blocking(bucket.flat)
                 self.stats.allreduces += 1
-                self.stats.bytes += bucket.flat.numel() * 4
+                self.stats.bytes += bucket.flat.numel() * bucket.flat.element_size()
         for bucket in self.buckets:
             self._unpack(bucket)
             bucket.request = None

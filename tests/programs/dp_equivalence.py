@@ -1,0 +1,95 @@
+"""Run 3 optimiser steps data-parallel and save the parameters (rank 0).
+
+World W, per-rank batch B = GLOBAL // W: rank r takes rows [r*B, (r+1)*B) of each fixed
+global batch, gradients are averaged by hpcai's GradAllreducer, then SGD steps. With W = 1
+this is plain single-process training on the global batch, so the saved parameters of the
+W = 2 run must equal those of the W = 1 run up to rounding.
+
+BatchNorm runs in eval mode and dropout is off: per-rank batch statistics are by design not
+the statistics of the global batch, and dropout masks are per rank.
+
+The generator case runs in float64: at initialisation its ecal MAPE is ~7e4 % and its
+gradients (~2e4) come from heavy cancellation, so in float32 even one process's full-batch
+gradient and the mean of its two half-batch gradients differ by ~1.6e-4 relative. float64
+removes that rounding and leaves only what the engine does.
+
+usage: dp_equivalence.py MODEL OUT.npz [--blocking]   MODEL: mlp | gan-d | gan-g
+"""
+
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpcai.models import gan3d
+from hpcai.training.allreduce import GradAllreducer, MpiTransport
+from hpcai.training.replicas import broadcast_state
+
+GLOBAL = 4 if sys.argv[1] == "mlp" else 2
+comm = MPI.COMM_WORLD
+rank, world = comm.Get_rank(), comm.Get_size()
+model_name, out = sys.argv[1], sys.argv[2]
+overlap = "--blocking" not in sys.argv
+torch.manual_seed(0)
+data = torch.Generator().manual_seed(42)
+
+
+def no_dropout_eval_bn(module):
+    for m in module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.eval()
+
+
+if model_name == "mlp":
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    batches = [(torch.randn(GLOBAL, 16, generator=data), torch.randn(GLOBAL, 3, generator=data))
+               for _ in range(3)]
+
+    def loss_fn(x, y):
+        return torch.nn.functional.mse_loss(model(x), y)
+elif model_name == "gan-d":
+    model = gan3d.Discriminator(rng=torch.Generator().manual_seed(1))
+    batches = [(torch.rand(GLOBAL, 1, 25, 25, 25, generator=data) * 0.01,
+                torch.rand(GLOBAL, generator=data) * 4.9 + 0.1) for _ in range(3)]
+
+    def loss_fn(x, e):  # the real-batch objective, labels without bit flip
+        fake, aux, ecal = model(x)
+        parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e.view(-1, 1), aux),
+                 gan3d.mape(x.sum(dim=(1, 2, 3, 4)).view(-1, 1), ecal))
+        return sum(w * p for w, p in zip(gan3d.LOSS_WEIGHTS, parts))
+else:
+    model = gan3d.Generator(rng=torch.Generator().manual_seed(1))
+    critic = gan3d.Discriminator(rng=torch.Generator().manual_seed(2))
+    no_dropout_eval_bn(critic)
+    critic.requires_grad_(False)
+    model.double()
+    critic.double()
+    batches = []
+    for _ in range(3):
+        e = torch.rand(GLOBAL, generator=data, dtype=torch.float64) * 4.9 + 0.1
+        z = torch.randn(GLOBAL, gan3d.LATENT, generator=data, dtype=torch.float64)
+        batches.append((e.view(-1, 1) * z, e))
+
+    def loss_fn(latent, e):  # the generator objective with D frozen
+        fake, aux, ecal = critic(model(latent))
+        e = e.view(-1, 1)
+        parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e, aux),
+                 gan3d.mape(gan3d.sampling_fraction(e), ecal))
+        return sum(w * p for w, p in zip(gan3d.LOSS_WEIGHTS, parts))
+
+no_dropout_eval_bn(model)
+broadcast_state([model], comm)
+reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+per_rank = GLOBAL // world
+for x, y in batches:
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    opt.zero_grad(set_to_none=True)
+    loss_fn(x[lo:hi], y[lo:hi]).backward()
+    reducer.synchronize()
+    opt.step()
+if rank == 0:
+    np.savez(out, **{name: p.detach().numpy() for name, p in model.named_parameters()})
