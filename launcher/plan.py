@@ -296,15 +296,20 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
 
 
 def srun_argv(options: Options, flavour: Flavour | None, placement: Placement,
-              nodes: int | None, self_argv: tuple[str, ...]) -> list[str]:
-    """The srun line that starts this placement (also quoted in mismatch errors)."""
+              nodes: int | None, self_argv: tuple[str, ...], pmi: str | None = None) -> list[str]:
+    """The srun line that starts this placement (also quoted in mismatch errors).
+
+    ``--kill-on-bad-exit=1``: a rank that dies ends the step instead of leaving the others
+    waiting in a collective.
+    """
     argv = ["srun"]
-    if flavour is not None:
-        argv.append(f"--mpi={flavour.srun_mpi}")
+    pmi = flavour.srun_mpi if flavour is not None else pmi
+    if pmi:
+        argv.append(f"--mpi={pmi}")
     if nodes:
         argv.append(f"--nodes={nodes}")
     argv += [f"--ntasks-per-node={placement.ranks_per_node}",
-             f"--cpus-per-task={len(placement.slots[0].cpus)}"]
+             f"--cpus-per-task={len(placement.slots[0].cpus)}", "--kill-on-bad-exit=1"]
     argv += flavours.srun_binding(placement)
     argv += [*self_argv, *wrapper_args(options, placement.ranks_per_node),
              "--", *options.command]
@@ -376,8 +381,10 @@ def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError
             placement = _placement(options, facts.topology, wanted)
             flavour = flavours.get(options.mpi) if options.mpi != "auto" else None
             nodes = len(info.nodes) or None
-            line = " ".join(_quote(a) for a in srun_argv(options, flavour, placement, nodes,
-                                                           ("hpcai-launch",)))
+            pmi = facts.env.get("SLURM_MPI_TYPE")
+            line = " ".join(_quote(a) for a in srun_argv(
+                options, flavour, placement, nodes, ("hpcai-launch",),
+                pmi=pmi if pmi and pmi != "none" else None))
             return UserError(message, f"run: {line}")
         except UserError as exc:
             return UserError(message, exc.hint)

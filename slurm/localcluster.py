@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-CLIENTS = ("srun", "sinfo", "sbatch", "scontrol", "squeue", "scancel")
 LOOPBACK = "127.0.0.1"
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 
@@ -120,6 +119,11 @@ class LocalCluster:
             # The fake nodes share /dev/shm: Open MPI's shared-memory BTL would mix them up.
             env["OMPI_MCA_btl"] = "self,tcp"
         return env
+
+    @property
+    def processes(self) -> list[tuple[str, subprocess.Popen]]:
+        """(name, process) of every daemon this object started and has not stopped yet."""
+        return list(self._procs)
 
     def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """os.environ + :attr:`env` + ``extra``, with any inherited job variables removed."""
@@ -374,8 +378,12 @@ class LocalCluster:
         def idle() -> bool:
             nonlocal last
             last = self.node_states()
-            return set(last) == set(self.nodes) and all(
-                s.rstrip("*~#$@").lower() == "idle" for s in last.values())
+            states = {s.rstrip("*~#$@%!^-").lower() for s in last.values()}
+            broken = states & {"inval", "drain", "drained", "draining", "fail", "failing"}
+            if broken:   # the node was rejected (e.g. its CPUs differ from the hardware)
+                raise LocalClusterError(f"node(s) rejected by slurmctld: {last}\n"
+                                        + self.log_tails())
+            return set(last) == set(self.nodes) and states == {"idle"}
         try:
             self._wait_for(idle, timeout, f"nodes {','.join(self.nodes)} to be idle")
         except LocalClusterError as exc:
@@ -436,7 +444,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Also when started in the background of a script (SIGINT then arrives ignored).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     try:
         cluster.start()
     except LocalClusterError as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.slurm.localcluster import LocalCluster, find_program, missing_programs
+from hpcai.slurm.localcluster import LocalCluster, missing_programs
 
 SRUN_TIMEOUT = 120
 VENV_BIN = os.path.dirname(sys.executable)     # the venv running pytest holds hpcai-launch
@@ -156,13 +156,14 @@ def test_real_node_is_up(real_node):
 def test_cluster_stops_exactly_its_daemons(tmp_path):
     cluster = LocalCluster(fake_nodes=1, cpus_per_node=1)
     with cluster:
-        procs = [p for _, p in cluster._procs]
-        names = [n for n, _ in cluster._procs]
+        procs = [p for _, p in cluster.processes]
+        names = [n for n, _ in cluster.processes]
         workdir = cluster.dir
         assert names == ["munged", "slurmctld", "slurmd n1"]
         assert all(p.poll() is None for p in procs)
         assert "OMPI_MCA_btl" in cluster.env
     assert all(p.returncode is not None for p in procs), "a daemon survived stop()"
+    assert cluster.processes == []
     assert workdir is not None and not workdir.exists()
 
 

@@ -318,6 +318,7 @@ class Trainer:
                     sums[key] = sums.get(key, 0.0) + value
                 steps_done += 1
                 self.global_step += 1
+                self._maybe_inject_fault()
                 if self.rank == 0:
                     step_log.append({"epoch": epoch, "step": step, **losses})
                 if cfg.verify_every and self.global_step % cfg.verify_every == 0:
@@ -383,6 +384,15 @@ class Trainer:
                   f"{peak['gflops_per_rank']:.1f}/rank | {main_losses}", flush=True)
         self._save(epoch + 1, 0)
         return record, False
+
+    def _maybe_inject_fault(self) -> None:
+        """``HPCAI_INJECT_FAULT=RANK:STEP`` raises on that rank after that global step, so
+        sites and tests can watch the whole job abort with the root cause named."""
+        spec = os.environ.get("HPCAI_INJECT_FAULT", "")
+        rank, _, step = spec.partition(":")
+        if rank.isdigit() and step.isdigit() and (int(rank), int(step)) == (
+                self.rank, self.global_step):
+            raise RuntimeError(f"injected fault (HPCAI_INJECT_FAULT={spec})")
 
     def _flush_steps(self, step_log: list) -> None:
         if self.rank == 0 and step_log:
