@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Install everything (idempotent) and run the default demo: a 2-rank MPI job through
-# hpcai-launch, each rank reporting its rank, CPU binding and the libmpi it loaded.
+# Install everything (idempotent), then run the default demo: a short 2-rank 3DGAN training
+# on generated showers through hpcai-launch. Every rank reports its CPU binding; rank 0
+# prints one line per epoch (time split, samples/s, GFLOP/s and % of peak, losses).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 bash scripts/install.sh
 source scripts/env.sh
-exec hpcai-launch --ranks-per-node 2 --report-bindings -- python -m hpcai.launcher.probe
+rm -rf out/demo   # the demo's own output; a rerun starts fresh
+exec hpcai-launch --ranks-per-node 2 --report-bindings -- \
+  train 3dgan --generate 256 --epochs 2 --batch-size 4 --max-steps 4 --out out/demo

@@ -204,3 +204,50 @@ def test_bad_input_stops_before_training_with_a_hint(case, tmp_path):
     assert "hpcai-train:" not in result.stdout
     if case != "unwritable-out":
         assert not out.exists(), "something was written before the error"
+
+
+def test_gloo_baseline_trains_and_says_so(tmp_path):
+    out = tmp_path / "run"
+    result = train(2, *TINY, "--samples", "32", "--epochs", "1", "--comm", "gloo",
+                   "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = records(out)
+    assert record["provenance"]["comm"] == "gloo" and record["steps"] == 4
+    assert record["grad_sync_s"] > 0
+
+
+def test_horovod_missing_is_a_user_error(tmp_path):
+    pytest.importorskip("mpi4py")
+    try:
+        import horovod.torch  # noqa: F401
+        pytest.skip("Horovod is installed here")
+    except ImportError:
+        pass
+    out = tmp_path / "run"
+    result = train(2, *TINY, "--comm", "horovod", "--out", str(out))
+    assert result.returncode == 2
+    assert "error: --comm horovod" in result.stderr and "hint:" in result.stderr
+    assert not out.exists()
+
+
+def test_initial_weights_are_broadcast_and_proven_identical(tmp_path):
+    script = tmp_path / "init.py"
+    script.write_text(
+        "import torch\n"
+        "from mpi4py import MPI\n"
+        "from hpcai.models.gan3d import Generator\n"
+        "from hpcai.training.replicas import broadcast_state, verify, ReplicaDivergence\n"
+        "comm = MPI.COMM_WORLD\n"
+        "G = Generator(rng=torch.Generator().manual_seed(100 + comm.rank))\n"
+        "try:\n"
+        "    verify([G], comm, exact=True)\n"
+        "    print('undetected', flush=True)\n"
+        "except ReplicaDivergence:\n"
+        "    print('different before broadcast', flush=True)\n"
+        "broadcast_state([G], comm)\n"
+        "verify([G], comm, exact=True)\n"
+        "print('identical after broadcast', flush=True)\n")
+    result = run(["hpcai-launch", "-N", "2", "--", "python", str(script)], base_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("different before broadcast") == 2
+    assert result.stdout.count("identical after broadcast") == 2

@@ -51,6 +51,7 @@ class TrainConfig:
     max_steps: int = 0                # per epoch, 0 = all
     channels_last: bool = False
     prefetch: bool = True
+    eval_samples: int = 32            # fixed samples evaluated by rank 0 after each epoch
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,6 +103,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (tests)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--no-prefetch", action="store_true")
+    p.add_argument("--eval-samples", type=int, default=32,
+                   help="fixed samples rank 0 evaluates after each epoch (0: none)")
     return p
 
 
@@ -116,7 +119,8 @@ def parse(argv: list[str]) -> TrainConfig:
         bucket_mb=ns.bucket_mb, overlap=not ns.no_overlap, verify_every=ns.verify_every,
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
         seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
-        channels_last=ns.channels_last, prefetch=not ns.no_prefetch)
+        channels_last=ns.channels_last, prefetch=not ns.no_prefetch,
+        eval_samples=ns.eval_samples)
     check_numbers(cfg)
     return cfg
 

@@ -342,7 +342,8 @@ class Trainer:
         verify_s += self._verify(exact=False, what="weights at epoch end",
                                  buffers=cfg.bn == "average")
         wall = time.perf_counter() - start
-        comm_s = self.comm_wait_s + verify_s
+        grad_sync_s = self.comm_wait_s
+        comm_s = grad_sync_s + verify_s
         data_s = stream.wait_s
         mean = lambda v: comm.allreduce(v, op=MPI.SUM) / self.world  # noqa: E731
         wall_max = comm.allreduce(wall, op=MPI.MAX)
@@ -355,6 +356,7 @@ class Trainer:
             "epoch_time_s": round(wall_max, 4),
             "compute_s": round(mean(wall - comm_s - data_s), 4),
             "comm_s": round(mean(comm_s), 4),
+            "grad_sync_s": round(mean(grad_sync_s), 4),
             "data_s": round(mean(data_s), 4),
             "samples_per_rank": samples_rank,
             "samples_per_s_per_rank": round(samples_rank / wall_max, 3),
@@ -372,11 +374,15 @@ class Trainer:
                           "overlap": cfg.overlap, "bucket_mb": cfg.bucket_mb},
             "provenance": prov,
         }
+        if self.rank == 0 and cfg.eval_samples > 0:
+            record["eval"] = self._evaluate()
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
             main_losses = " ".join(f"{k} {v:.4g}" for k, v in loss_means.items()
                                    if k in self.task.loss_keys)
+            main_losses += "".join(f" | {k} {v:.4g}" for k, v in record.get("eval", {}).items()
+                                   if k != "samples")
             print(f"epoch {epoch}: {wall_max:.2f} s (compute {record['compute_s']:.2f}, comm "
                   f"{record['comm_s']:.2f}, data {record['data_s']:.2f}), "
                   f"{record['samples_per_s']:.2f} samples/s, {record['gflops_total']:.1f} "
@@ -384,6 +390,16 @@ class Trainer:
                   f"{peak['gflops_per_rank']:.1f}/rank | {main_losses}", flush=True)
         self._save(epoch + 1, 0)
         return record, False
+
+    def _evaluate(self) -> dict:
+        """Rank 0: the task's metrics on a fixed sample, the last ``eval_samples`` events of
+        the data set (the same every epoch, and also seen in training - a progress gauge, not
+        a test score). For the 3DGAN: aux energy error and Σcells / f(E') of generated
+        showers."""
+        count = min(self.cfg.eval_samples, len(self.data))
+        x, y = self.data.read(list(range(len(self.data) - count, len(self.data))))
+        metrics = self.task.evaluate(x, y)
+        return {"samples": count, **{k: round(v, 5) for k, v in metrics.items()}}
 
     def _maybe_inject_fault(self) -> None:
         """``HPCAI_INJECT_FAULT=RANK:STEP`` raises on that rank after that global step, so

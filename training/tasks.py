@@ -58,6 +58,34 @@ class GanTask:
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
                                    after_backward)
 
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, e: torch.Tensor) -> dict[str, float]:
+        """Physics check on the given events (models in inference mode, state untouched).
+
+        ``aux_rel_error``: mean |aux(x) - E'| / E' of the discriminator on real showers;
+        ``gen_sum_over_f``: mean Σ(G) / f(E') of generated showers (1 is right);
+        ``real_sum_over_f``: the same for the real events, for reference.
+        """
+        was = self.G.training, self.D.training
+        self.G.eval()
+        self.D.eval()
+        try:
+            _, aux, _ = self.D(x)
+            ev = e.view(-1, 1)
+            rng = torch.Generator().manual_seed(4321)
+            e_gen, _, latent = gan3d.sample_inputs(x.shape[0], rng)
+            generated = self.G(latent)
+            f_gen = gan3d.sampling_fraction(e_gen).view(-1)
+            f_real = gan3d.sampling_fraction(ev).view(-1)
+            return {
+                "aux_rel_error": float(((aux - ev).abs() / ev).mean()),
+                "gen_sum_over_f": float((generated.sum(dim=(1, 2, 3, 4)) / f_gen).mean()),
+                "real_sum_over_f": float((x.sum(dim=(1, 2, 3, 4)) / f_real).mean()),
+            }
+        finally:
+            self.G.train(was[0])
+            self.D.train(was[1])
+
     def flops_per_sample(self, batch: int = 2) -> float:
         """One whole iteration (4 optimiser steps) per real sample, on copies of the models."""
         G, D = copy.deepcopy(self.G), copy.deepcopy(self.D)
@@ -107,6 +135,17 @@ class ResNetTask:
         self.opt.step()
         accuracy = float((logits.argmax(1) == y).float().mean())
         return {"loss": float(loss.detach()), "accuracy": accuracy}
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        was = self.net.training
+        self.net.eval()
+        try:
+            logits = self.net(self._prepare(x))
+            return {"loss": float(F.cross_entropy(logits, y)),
+                    "accuracy": float((logits.argmax(1) == y).float().mean())}
+        finally:
+            self.net.train(was)
 
     def flops_per_sample(self, batch: int = 2) -> float:
         net = copy.deepcopy(self.net)
