@@ -384,25 +384,25 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
         opt.step()
 
     # 1. D on the real batch
-    opt_d.zero_grad(set_to_none=True)
+    opt_d.zero_grad(set_to_none=False)
     total, parts = discriminator_real_loss(D, x, e, rng)
     step(D, opt_d, total)
     _record(out, "d_real", total, parts)
 
     # 2. D on a generated batch (G in inference mode, output detached)
-    opt_d.zero_grad(set_to_none=True)
+    opt_d.zero_grad(set_to_none=False)
     total, parts = discriminator_fake_loss(D, G, e, rng)
     step(D, opt_d, total)
     _record(out, "d_fake", total, parts)
-    opt_d.zero_grad(set_to_none=True)
+    opt_d.zero_grad(set_to_none=False)
 
     # 3./4. G twice with fresh E' and z, D frozen
     for key in ("g1", "g2"):
-        opt_g.zero_grad(set_to_none=True)
+        opt_g.zero_grad(set_to_none=False)
         with frozen(D):
             total, parts = generator_loss(D, G, e, rng)
             step(G, opt_g, total)
         _record(out, key, total, parts)
-    opt_g.zero_grad(set_to_none=True)
+    opt_g.zero_grad(set_to_none=False)
     out["g"] = 0.5 * (out["g1"] + out["g2"])
     return out

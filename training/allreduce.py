@@ -1,13 +1,17 @@
 """Gradient averaging over MPI: fused buckets, overlapped with the backward pass.
 
 Parameters are grouped, in reverse registration order (roughly the order in which backward
-produces their gradients), into buckets of at most ``bucket_bytes``. In overlap mode a
+produces their gradients), into buckets of at most ``bucket_bytes``. Each parameter's
+``.grad`` is a view into its bucket's flat buffer, so backward writes the bucket directly and
+averaging copies nothing (zero gradients in place, ``zero_grad(set_to_none=False)``, to
+keep it that way; a replaced gradient is copied in once and re-pointed). In overlap mode a
 post-accumulate-grad hook on every parameter counts arrivals; when a bucket is complete its
 gradients are copied into one flat buffer and a non-blocking ``MPI_Iallreduce`` starts
 while backward goes on. :meth:`synchronize` waits for all buckets, divides by the world size
 and copies the averages back into ``.grad``. Call it once after every backward (a second
 backward before it, i.e. gradient accumulation, is detected and redone blocking). Blocking mode (``overlap=False``) does the same
-with ``MPI_Allreduce`` after backward.
+with ``MPI_Allreduce`` after backward, after a barrier that measures how long the fastest
+rank waited for the slowest (load imbalance, reported apart from the transfer).
 
 The transport is MPI (mpi4py: whatever libmpi it loaded, the host MPI when the launcher
 bound it in) or torch.distributed's gloo, so both are measured with the same bucketing.
@@ -44,6 +48,9 @@ class MpiTransport:
     def wait_all(self, handles) -> None:
         self._mpi.Request.Waitall(list(handles))
 
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
     def poke(self, handles) -> None:
         """Let MPI progress outstanding requests (no progress thread in most MPIs)."""
         if handles:
@@ -70,6 +77,9 @@ class TorchDistTransport:
         for work in handles:
             work.wait()
 
+    def barrier(self) -> None:
+        self._dist.barrier()
+
     def poke(self, handles) -> None:
         pass
 
@@ -79,21 +89,23 @@ class _Bucket:
     params: list[torch.nn.Parameter]
     flat: torch.Tensor
     offsets: list[int]
+    views: list[torch.Tensor] = field(default_factory=list)
     ready: int = 0
     request: object = None
 
 
 @dataclass
 class SyncStats:
-    """Seconds spent waiting for communication, bytes reduced, calls made."""
+    """Seconds spent in synchronize (and, in blocking mode, of that the wait for the slowest
+    rank to arrive), bytes reduced, calls made."""
 
     wait_s: float = 0.0
+    imbalance_s: float = 0.0
     bytes: int = 0
     allreduces: int = 0
-    extra: dict = field(default_factory=dict)
 
     def reset(self) -> None:
-        self.wait_s, self.bytes, self.allreduces = 0.0, 0, 0
+        self.wait_s, self.imbalance_s, self.bytes, self.allreduces = 0.0, 0.0, 0, 0
 
 
 class GradAllreducer:
@@ -139,8 +151,13 @@ class GradAllreducer:
         for p in params:
             offsets.append(total)
             total += p.numel()
-        return _Bucket(params=params, flat=torch.zeros(total, dtype=params[0].dtype),
-                       offsets=offsets)
+        flat = torch.zeros(total, dtype=params[0].dtype)
+        views = [flat[off:off + p.numel()].view_as(p) for p, off in zip(params, offsets)]
+        for p, view in zip(params, views):
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = view   # backward accumulates straight into the bucket
+        return _Bucket(params=params, flat=flat, offsets=offsets, views=views)
 
     @property
     def nbytes(self) -> int:
@@ -159,12 +176,21 @@ class GradAllreducer:
 
     # -- both modes ---------------------------------------------------------------------
     def _pack(self, bucket: _Bucket) -> None:
-        for p, off in zip(bucket.params, bucket.offsets):
-            view = bucket.flat[off:off + p.numel()]
-            if p.grad is None:
+        """Make every gradient of the bucket live in its flat buffer.
+
+        Gradients are views into the buffer (set at construction), so backward already
+        accumulated into it and nothing is copied. A gradient that was replaced (zero_grad
+        with set_to_none, or first use) is copied in once and re-pointed at its view.
+        """
+        for p, view in zip(bucket.params, bucket.views):
+            grad = p.grad
+            if grad is None:
                 view.zero_()
+            elif grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
             else:
-                view.copy_(p.grad.reshape(-1))
+                continue
+            p.grad = view
 
     def _launch(self, bucket: _Bucket) -> None:
         self._pack(bucket)
@@ -173,13 +199,7 @@ class GradAllreducer:
         self.stats.bytes += bucket.flat.numel() * bucket.flat.element_size()
 
     def _unpack(self, bucket: _Bucket) -> None:
-        bucket.flat.div_(self.size)
-        for p, off in zip(bucket.params, bucket.offsets):
-            averaged = bucket.flat[off:off + p.numel()].view_as(p)
-            if p.grad is None:
-                p.grad = averaged.clone()
-            else:
-                p.grad.copy_(averaged)
+        bucket.flat.div_(self.size)   # the gradients are views: now they hold the mean
 
     def synchronize(self) -> None:
         """Finish averaging; afterwards every rank holds the same mean gradients."""
@@ -197,6 +217,8 @@ class GradAllreducer:
                     self._pack(bucket)
                     self.transport.blocking(bucket.flat)
         else:
+            self.transport.barrier()   # separates load imbalance from transfer time
+            self.stats.imbalance_s += time.perf_counter() - start
             for bucket in self.buckets:
                 self._pack(bucket)
                 self.transport.blocking(bucket.flat)
@@ -240,6 +262,9 @@ class HorovodTransport:
     def wait_all(self, handles) -> None:
         for handle in handles:
             self._hvd.synchronize(handle)
+
+    def barrier(self) -> None:
+        self._hvd.allreduce(torch.zeros(1), name="hpcai.barrier")
 
     def poke(self, handles) -> None:
         pass

@@ -126,7 +126,7 @@ class ResNetTask:
     def train_step(self, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator,
                    after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
         self.net.train()
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=False)
         logits = self.net(self._prepare(x))
         loss = F.cross_entropy(logits, y)
         loss.backward()
