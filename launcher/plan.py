@@ -20,7 +20,7 @@ from .errors import UserError
 from .flavours import Flavour, MpiInstall
 from .hosts import parse_hosts
 from .placement import Placement, plan_placement, thread_env
-from .rankenv import RankInfo, in_slurm_step, rendezvous_port, torch_env
+from .rankenv import RankInfo, in_slurm_step, torch_env
 from .topology import Topology
 
 LAUNCHERS = ("auto", "mpirun", "srun")

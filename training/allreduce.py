@@ -108,6 +108,24 @@ class SyncStats:
         self.wait_s, self.imbalance_s, self.bytes, self.allreduces = 0.0, 0.0, 0, 0
 
 
+def _dense(p: torch.Tensor) -> bool:
+    """Strides that cover exactly numel() elements (contiguous in some dimension order)."""
+    expected = 1
+    for size, stride in sorted(zip(p.shape, p.stride()), key=lambda t: t[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _grad_view(flat: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor:
+    """A view of ``flat`` shaped like ``p`` with p's strides (channels-last stays so, which
+    keeps autograd's gradient layout contract)."""
+    if _dense(p):
+        return flat.as_strided(p.shape, p.stride(), offset)
+    return flat[offset:offset + p.numel()].view(p.shape)
+
+
 class GradAllreducer:
     """Average the gradients of ``module``'s parameters across the transport's ranks."""
 
@@ -152,7 +170,7 @@ class GradAllreducer:
             offsets.append(total)
             total += p.numel()
         flat = torch.zeros(total, dtype=params[0].dtype)
-        views = [flat[off:off + p.numel()].view_as(p) for p, off in zip(params, offsets)]
+        views = [_grad_view(flat, p, off) for p, off in zip(params, offsets)]
         for p, view in zip(params, views):
             if p.grad is not None:
                 view.copy_(p.grad)

@@ -20,16 +20,13 @@ from hpcai.launcher.errors import UserError
 
 def main(argv: list[str] | None = None) -> int:
     from .config import parse
+    from .loop import report_before_mpi, run
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse(argv)
     except UserError as exc:
-        from .loop import _rank_from_env
-        if _rank_from_env() == 0:
-            print(exc.render(), file=sys.stderr, flush=True)
-        return 2
-    from .loop import run
+        return report_before_mpi(exc)
     return run(cfg)
 
 
