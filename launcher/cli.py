@@ -2,6 +2,7 @@
 
 Usage:
   hpcai-launch [options] -- CMD [ARGS...]
+  hpcai-launch validate --container IMG [options]   (site admins: which MPI is loaded?)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -66,6 +67,20 @@ def make_parser() -> _Parser:
                         help="path of the MPI launcher (mpirun/mpiexec) to use")
     launch.add_argument("--hosts", help="hosts for mpirun: h1,h2 or h1:4,h2:4")
     launch.add_argument("--nodes", type=int, help="nodes for srun (default: the allocation)")
+    cont = p.add_argument_group("containers")
+    cont.add_argument("--container", default=os.environ.get("HPCAI_CONTAINER"),
+                      help="image: Charliecloud directory/SquashFS or Singularity SIF/sandbox")
+    cont.add_argument("--runtime", default=os.environ.get("HPCAI_RUNTIME", "charliecloud"),
+                      choices=("charliecloud", "singularity", "none"))
+    cont.add_argument("--bind-host-mpi", dest="bind_host_mpi", action="store_true",
+                      default=None, help="bind the host MPI and fabric libraries read-only "
+                      "(default: when a container is used and a host MPI is found)")
+    cont.add_argument("--no-bind-host-mpi", dest="bind_host_mpi", action="store_false")
+    cont.add_argument("--host-libs", help=argparse.SUPPRESS)  # staged by the outer launcher
+    cont.add_argument("--site", default=os.environ.get("HPCAI_SITE"),
+                      help="site profile (TOML): extra binds, env, libraries")
+    cont.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
+                      help="extra bind into the container (repeatable)")
     out = p.add_argument_group("output")
     out.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     out.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
@@ -95,7 +110,10 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                       hyperthreads=ns.hyperthreads, oversubscribe=ns.oversubscribe,
                       launcher=ns.launcher, mpi=ns.mpi, mpirun=ns.mpirun, hosts=ns.hosts,
                       nodes=ns.nodes, topology=ns.topology,
-                      report_bindings=ns.report_bindings, verbose=ns.verbose)
+                      report_bindings=ns.report_bindings, verbose=ns.verbose,
+                      container=ns.container, runtime=ns.runtime,
+                      bind_host_mpi=ns.bind_host_mpi, host_libs=ns.host_libs, site=ns.site,
+                      binds=tuple(ns.bind))
     return options, ns
 
 
@@ -103,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv[: argv.index("--")] if "--" in argv else "-v" in argv
     loud = True
+    if argv[:1] == ["validate"]:
+        from .validate import main as validate_main
+        try:
+            return validate_main(argv[1:])
+        except UserError as exc:
+            print(exc.render(), file=sys.stderr, flush=True)
+            return USAGE_EXIT
     try:
         options, ns = parse(argv)
         facts = gather_facts(options)

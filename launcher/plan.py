@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import flavours
 from .errors import UserError
@@ -21,7 +22,11 @@ from .flavours import Flavour, MpiInstall
 from .hosts import parse_hosts
 from .placement import Placement, plan_placement, thread_env
 from .rankenv import RankInfo, in_slurm_step, torch_env
+from .containers import HOST_MOUNT
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from .containerplan import ContainerFacts
 
 LAUNCHERS = ("auto", "mpirun", "srun")
 MPI_CHOICES = ("auto", *flavours.FLAVOURS)
@@ -45,6 +50,12 @@ class Options:
     topology: str | None = None
     report_bindings: bool = False
     verbose: bool = False
+    container: str | None = None
+    runtime: str = "charliecloud"
+    bind_host_mpi: bool | None = None     # None: when a host MPI is found
+    host_libs: str | None = None          # staged by the outer launcher
+    site: str | None = None
+    binds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class Facts:
     mpi: MpiInstall | None = None
     cache_dir: str = "~/.cache/hpcai"
     rank: RankInfo | None = None
+    container: ContainerFacts | None = None
+    cwd: str = "/"
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,7 @@ class LaunchPlan:
     bind_cpus: tuple[int, ...] | None = None   # rank mode: sched_setaffinity target
     compat_links: tuple[tuple[str, str], ...] = ()  # (link, target) to create first
     notes: tuple[str, ...] = field(default=())
+    container: ContainerFacts | None = None
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -113,6 +127,7 @@ class LaunchPlan:
             "rank": self.rank.to_dict() if self.rank else None,
             "bind_cpus": list(self.bind_cpus) if self.bind_cpus is not None else None,
             "compat_links": [list(x) for x in self.compat_links],
+            "container": self.container.to_dict() if self.container else None,
             "notes": list(self.notes),
         }
         return data
@@ -141,6 +156,14 @@ class LaunchPlan:
             lines.extend(f"  {k}={v}" for k, v in self.env)
         for link, target in self.compat_links:
             lines.append(f"link:      {link} -> {target}")
+        if self.container:
+            c = self.container
+            lines.append(f"container: {c.runtime} {c.image}")
+            lines.extend(f"  check:   {text}" for text in c.checks)
+            if c.staged:
+                lines.append(f"  host libraries staged in {c.staged}, bound read-only at "
+                             f"{HOST_MOUNT}:")
+                lines.extend(f"    {lib.name} <- {lib.path}" for lib in c.libs)
         lines.append("argv:")
         lines.append("  " + " ".join(_quote(a) for a in self.argv))
         lines.extend(f"note:      {n}" for n in self.notes)
@@ -178,7 +201,13 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
                         "put the program after '--', e.g. hpcai-launch --ranks-per-node 2 "
                         "-- python train.py")
     mode, reason = choose_mode(options, facts)
-    if facts.command_path is None:
+    if facts.container is not None:
+        from .containerplan import image_has_command
+        if not image_has_command(facts.container.image, options.command[0]):
+            raise UserError(f"command not found in image {facts.container.image}: "
+                            f"{options.command[0]!r}",
+                            "check the spelling, or give the absolute path inside the image")
+    elif facts.command_path is None:
         raise UserError(f"command not found: {options.command[0]!r}",
                         "check the spelling and PATH, or give an absolute path")
     if mode == "rank":
@@ -205,7 +234,8 @@ def _rank_plan_entry(placement: Placement, local_rank: int) -> RankPlan:
                     threads=slot.threads, env=tuple(env.items()))
 
 
-def wrapper_args(options: Options, ranks_per_node: int) -> list[str]:
+def wrapper_args(options: Options, ranks_per_node: int,
+                 container: ContainerFacts | None = None) -> list[str]:
     """Options the per-rank ``hpcai-launch`` needs to rebuild the same placement."""
     args = ["--ranks-per-node", str(ranks_per_node)]
     if options.threads_per_rank is not None:
@@ -220,6 +250,13 @@ def wrapper_args(options: Options, ranks_per_node: int) -> list[str]:
         args += ["--topology", options.topology]
     if options.mpi != "auto":
         args += ["--mpi", options.mpi]
+    if container is not None:
+        args += ["--container", container.image, "--runtime", container.runtime]
+        args += ["--host-libs", container.staged] if container.staged else ["--no-bind-host-mpi"]
+        if options.site:
+            args += ["--site", options.site]
+        for bind in options.binds:
+            args += ["--bind", bind]
     return args
 
 
@@ -256,6 +293,8 @@ def _global_env(options: Options, facts: Facts, master_addr: str,
     env = {"MASTER_ADDR": facts.env.get("MASTER_ADDR", master_addr),
            "MASTER_PORT": facts.env.get("MASTER_PORT", str(facts.free_port))}
     lib_env, links, notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
+    if facts.container is not None:   # the ranks' container env points at the bound libs
+        lib_env, links, notes = {}, (), []
     env.update(lib_env)
     if facts.mpi:
         env.update(flavours.BINDING_ENV[facts.mpi.flavour.name](placement))
@@ -289,14 +328,17 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
         notes.append("running as root: Open MPI needs --allow-run-as-root")
     argv += flavours.BINDING_ARGS[flavour.name](placement)
     argv += flavour.env_args(env)
-    argv += [*facts.self_argv, *wrapper_args(options, rpn), "--", *options.command]
+    argv += [*facts.self_argv, *wrapper_args(options, rpn, facts.container), "--",
+             *options.command]
     return LaunchPlan(mode="mpirun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
-                      mpi=mpi, compat_links=links, notes=tuple(notes))
+                      mpi=mpi, compat_links=links, notes=tuple(notes),
+                      container=facts.container)
 
 
 def srun_argv(options: Options, flavour: Flavour | None, placement: Placement,
-              nodes: int | None, self_argv: tuple[str, ...], pmi: str | None = None) -> list[str]:
+              nodes: int | None, self_argv: tuple[str, ...], pmi: str | None = None,
+              container: ContainerFacts | None = None) -> list[str]:
     """The srun line that starts this placement (also quoted in mismatch errors).
 
     ``--kill-on-bad-exit=1``: a rank that dies ends the step instead of leaving the others
@@ -311,7 +353,7 @@ def srun_argv(options: Options, flavour: Flavour | None, placement: Placement,
     argv += [f"--ntasks-per-node={placement.ranks_per_node}",
              f"--cpus-per-task={len(placement.slots[0].cpus)}", "--kill-on-bad-exit=1"]
     argv += flavours.srun_binding(placement)
-    argv += [*self_argv, *wrapper_args(options, placement.ranks_per_node),
+    argv += [*self_argv, *wrapper_args(options, placement.ranks_per_node, container),
              "--", *options.command]
     return argv
 
@@ -327,10 +369,12 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     flavour = facts.mpi.flavour if facts.mpi else None
     if flavour is None:
         notes.append("MPI flavour unknown: srun uses the site's default --mpi plugin")
-    argv = srun_argv(options, flavour, placement, nodes, facts.self_argv)
+    argv = srun_argv(options, flavour, placement, nodes, facts.self_argv,
+                     container=facts.container)
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
-                      mpi=facts.mpi, compat_links=links, notes=tuple(notes))
+                      mpi=facts.mpi, compat_links=links, notes=tuple(notes),
+                      container=facts.container)
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -351,7 +395,15 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
     env.update(torch_env(info, facts.env))
     notes: list[str] = []
     links: tuple[tuple[str, str], ...] = ()
-    if facts.mpi is not None and "MPI4PY_MPIABI" not in facts.env:
+    argv: tuple[str, ...] = (facts.command_path or options.command[0], *options.command[1:])
+    if facts.container is not None:
+        from .containerplan import spec
+        from .containers import wrap
+        cspec = spec(facts.container, options.binds, facts.cwd, facts.env)
+        env.update(cspec.env)
+        argv = tuple(wrap(cspec, options.command, join_ct=info.local_size,
+                          join_tag=f"hpcai-{info.job_key}-{info.node_rank}"))
+    elif facts.mpi is not None and "MPI4PY_MPIABI" not in facts.env:
         lib_env, links, lib_notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
         env.update(lib_env)
         notes += lib_notes
@@ -363,12 +415,11 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
     synthetic = facts.topology.source != "sysfs"
     if synthetic:
         notes.append(f"topology {facts.topology.source} is not this machine: not binding")
-    return LaunchPlan(mode="rank", reason=reason,
-                      argv=(facts.command_path or options.command[0], *options.command[1:]),
-                      env=tuple(env.items()), placement=placement, ranks=(entry,),
+    return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()), placement=placement, ranks=(entry,),
                       topology=facts.topology.describe(), rank=info,
                       bind_cpus=None if synthetic else placement.slot(info.local_rank).cpus,
-                      mpi=facts.mpi, compat_links=links, notes=tuple(notes))
+                      mpi=facts.mpi, compat_links=links, notes=tuple(notes),
+                      container=facts.container)
 
 
 def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError:
@@ -421,12 +472,26 @@ def gather_facts(options: Options, env: dict[str, str] | None = None) -> Facts:
             found = flavours.find_launcher(None, env)
             mpi = flavours.resolve("auto", found, env) if found else None
         port = _free_port(socket)
+    container = None
+    if options.container and options.runtime != "none":
+        from . import containerplan
+        srun_pmi = None
+        if info is None and choose_mode(options, Facts(env=env, topology=topo, hostname="",
+                                                        self_argv=(), command_path=None))[0] == "srun":
+            srun_pmi = mpi.flavour.srun_mpi if mpi else None
+        container = containerplan.gather(
+            runtime=options.runtime, image=options.container,
+            bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
+            site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
+            srun_pmi=srun_pmi, cache_dir=env.get("HPCAI_CACHE", os.path.join(
+                env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai")),
+            in_rank=info is not None)
     return Facts(env=env, topology=topo, hostname=socket.gethostname(),
                  self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
                  uid=os.getuid(), ppid=os.getppid(), free_port=port, mpi=mpi,
                  cache_dir=env.get("HPCAI_CACHE", os.path.join(
                      env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai")),
-                 rank=info)
+                 rank=info, container=container, cwd=os.getcwd())
 
 
 def _free_port(socket_module) -> int:

@@ -35,10 +35,61 @@ def mapped_libraries(prefixes: tuple[str, ...] = ("libmpi", "libmpich")) -> list
     return found
 
 
+LIBRARY_KINDS = {"libmpi": ("libmpi.", "libmpich."), "libfabric": ("libfabric.",),
+                 "libpsm2": ("libpsm2.",), "libucp": ("libucp.",), "libnccl": ("libnccl.",)}
+
+
+def mapped_by_kind() -> dict[str, list[str]]:
+    """The libmpi / libfabric / libpsm2 / libucp / libnccl files really mapped, by kind."""
+    every = mapped_libraries(tuple(p for prefixes in LIBRARY_KINDS.values() for p in prefixes))
+    return {kind: [path for path in every if os.path.basename(path).startswith(prefixes)]
+            for kind, prefixes in LIBRARY_KINDS.items()}
+
+
+def bandwidth_probe(comm, MPI) -> dict:
+    """Ping-pong between ranks 0 and 1 (latency of 8 B, bandwidth of 4 MiB) and the
+    allreduce bandwidth of 16 MiB of float32 over all ranks (medians)."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    out: dict = {}
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size >= 2:
+        for nbytes, reps, key in ((8, 200, "latency_us"), (4 << 20, 20, "bandwidth_GBps")):
+            buf = np.zeros(nbytes, dtype=np.uint8)
+            times = []
+            for _ in range(reps):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    comm.Send(buf, dest=1)
+                    comm.Recv(buf, source=1)
+                elif rank == 1:
+                    comm.Recv(buf, source=0)
+                    comm.Send(buf, dest=0)
+                times.append((time.perf_counter() - t0) / 2)
+            half = statistics.median(times)
+            value = half * 1e6 if key == "latency_us" else nbytes / half / 1e9
+            out[key] = comm.bcast(value, root=0)
+    data = np.ones(4 << 20, dtype=np.float32)
+    times = []
+    for _ in range(10):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    out["allreduce_GBps"] = data.nbytes / statistics.median(times[2:]) / 1e9
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hpcai-probe")
     parser.add_argument("--out", help="directory for rank-R.json files")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--bench", action="store_true",
+                        help="also measure ping-pong and allreduce bandwidth")
     args = parser.parse_args(argv)
 
     from mpi4py import MPI
@@ -57,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "env": {k: os.environ.get(k) for k in _TRANSLATED},
         "mpi_library_version": MPI.Get_library_version().strip().splitlines()[0],
         "libmpi": mapped_libraries(),
+        "libraries": mapped_by_kind(),
     }
+    if args.bench:
+        record["bench"] = bandwidth_probe(comm, MPI)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,165 @@
+"""Containers in the launch plan: gather the facts once (impure), then pure functions.
+
+``gather`` runs the pre-flight checks in order - runtime installed, image and its mount point
+present, host MPI found, ABI families equal, every bound library's glibc needs met by the
+image, the PMI plugin available in srun - then stages the host libraries (hard links in a
+content-addressed cache directory, bound read-only at ``/opt/hpcai/host``). The outer
+hpcai-launch does this once and hands the staged directory to the ranks (``--host-libs``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import containers, hostlibs, preflight
+from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
+from .errors import UserError
+from .site import SiteProfile
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    runtime: str
+    binary: str
+    image: str
+    image_info: object | None
+    host_mpi: object | None              # hostlibs.HostMpi
+    staged: str | None                   # host directory bound at HOST_MOUNT
+    libs: tuple = ()                     # hostlibs.LibFile, for the plan's display
+    site: SiteProfile | None = None
+    checks: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        host = self.host_mpi
+        return {
+            "runtime": self.runtime, "binary": self.binary, "image": self.image,
+            "host_mpi": None if host is None else {
+                "family": host.family, "name": host.name, "version": host.version,
+                "libmpi": host.libmpi},
+            "staged_host_libs": self.staged,
+            "bound_libraries": [f"{lib.name} <- {lib.path}" for lib in self.libs],
+            "checks": list(self.checks),
+        }
+
+
+def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
+           site_path: str | None, env: dict[str, str], launcher: str | None,
+           srun_pmi: str | None, cache_dir: str, in_rank: bool) -> ContainerFacts:
+    """All container facts, checked. Raises UserError on the first problem."""
+    checks: list[str] = []
+    rt = containers.get_runtime(runtime)
+    preflight.check_runtime(runtime)
+    binary = containers.find_binary(rt, env.get("PATH"))
+    checks.append(f"runtime {runtime}: {binary}")
+    preflight.check_image(image, HOST_MOUNT)
+    info = preflight.read_image(image)
+    checks.append(f"image {image}: {info.kind}, MPI {info.mpi_family or 'none'} "
+                  f"({info.mpi_soname or '-'}), glibc {_v(info.glibc)}")
+    site = SiteProfile.load(site_path) if site_path else SiteProfile.from_env(env)
+    if host_libs:                       # the outer hpcai-launch staged them already
+        if not Path(host_libs).is_dir():
+            raise UserError(f"--host-libs {host_libs} does not exist",
+                            "let hpcai-launch start the ranks, or leave --host-libs out")
+        return ContainerFacts(runtime, binary, image, info, None, host_libs, (), site,
+                              tuple(checks))
+    host = hostlibs.find_host_mpi(env, launcher)
+    if bind_host_mpi is False or (bind_host_mpi is None and host is None):
+        checks.append("host MPI not bound" + ("" if host else ": none found"))
+        return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks))
+    if host is None:
+        raise UserError("--bind-host-mpi, but no host MPI was found",
+                        "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
+    checks.append(f"host MPI: {host.name} {host.version} ({host.libmpi}, {host.how})")
+    preflight.check_abi(host, info.mpi_family, info.mpi_soname)
+    checks.append(f"ABI: host {host.family} = image {info.mpi_family or 'none'}")
+    search = _search_dirs(host, env, site)
+    libs = hostlibs.collect(host, search, set(info.sonames), site)
+    if info.glibc:
+        preflight.check_glibc(libs, info.glibc)
+        checks.append(f"glibc: {len(libs)} bound libraries need at most the image's "
+                      f"{_v(info.glibc)}")
+    if srun_pmi and not in_rank:
+        preflight.check_pmi(srun_pmi, preflight.srun_mpi_list())
+        checks.append(f"srun --mpi={srun_pmi} available")
+    staged = str(hostlibs.stage(libs, Path(cache_dir).expanduser()))
+    return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
+                          tuple(checks))
+
+
+def _v(version) -> str:
+    return ".".join(map(str, version)) if version else "unknown"
+
+
+def _search_dirs(host, env: dict[str, str], site: SiteProfile | None) -> list[str]:
+    dirs = [host.libdir]
+    dirs += [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
+    if site:
+        dirs += list(site.search_dirs)
+    dirs += ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+    seen: list[str] = []
+    for d in dirs:
+        if d not in seen:
+            seen.append(d)
+    return seen
+
+
+def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
+         env: dict[str, str]) -> ContainerSpec:
+    """The container for every rank (pure)."""
+    binds: list[Bind] = []
+    if facts.staged:
+        binds.append(Bind(facts.staged, HOST_MOUNT, read_only=True))
+    binds.append(Bind(cwd, WORK_MOUNT, read_only=False))
+    for text in (*(facts.site.binds if facts.site else ()), *extra_binds):
+        src, _, dst = text.partition(":")
+        binds.append(Bind(src, dst or src, read_only=text.endswith(":ro")))
+    return ContainerSpec(runtime=facts.runtime, binary=facts.binary, image=facts.image,
+                         binds=tuple(binds), workdir=WORK_MOUNT,
+                         env=tuple(sorted(container_env(facts, env).items())))
+
+
+def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
+    """Env that points the ranks at the bound host libraries (paths inside the container)."""
+    out: dict[str, str] = {}
+    if facts.site:
+        out.update(facts.site.env)
+    if not facts.staged:
+        return out
+    libs = facts.libs
+    if libs:
+        bound = hostlibs.binding_env(HOST_MOUNT, libs)
+    else:  # staged by the outer launcher: derive from what is in the directory
+        bound = _env_from_staged(Path(facts.staged))
+    current = env.get("LD_LIBRARY_PATH", "")
+    if "LD_LIBRARY_PATH" in bound and current:
+        bound["LD_LIBRARY_PATH"] = f"{bound['LD_LIBRARY_PATH']}:{current}"
+    out.update(bound)
+    return out
+
+
+def _env_from_staged(staged: Path) -> dict[str, str]:
+    lib = staged / "lib"
+    env = {"LD_LIBRARY_PATH": f"{HOST_MOUNT}/lib"}
+    if (lib / "libfabric").is_dir():
+        env["FI_PROVIDER_PATH"] = f"{HOST_MOUNT}/lib/libfabric"
+    if (lib / "ucx").is_dir():
+        env["UCX_MODULE_DIR"] = f"{HOST_MOUNT}/lib/ucx"
+    if (lib / "libmpi.so.40").exists():
+        env["MPI4PY_MPIABI"] = "openmpi"
+    elif (lib / "libmpi.so.12").exists():
+        env["MPI4PY_MPIABI"] = "mpich"
+    return env
+
+
+def image_has_command(image: str, command: str) -> bool:
+    """For directory images: is ``command`` on the image's default PATH (or a file)?"""
+    root = Path(image)
+    if not root.is_dir():
+        return True   # SquashFS/SIF: cannot look inside cheaply; the runtime will say
+    if command.startswith("/"):
+        return (root / command.lstrip("/")).exists()
+    return any(os.access(root / d.lstrip("/") / command, os.X_OK)
+               for d in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
+                         "/sbin", "/bin"))
