@@ -72,8 +72,12 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
     checks.append(f"host MPI: {host.name} {host.version} ({host.libmpi}, {host.how})")
-    preflight.check_abi(host, info.mpi_family, info.mpi_soname)
-    checks.append(f"ABI: host {host.family} = image {info.mpi_family or 'none'}")
+    if host.family in info.abis:
+        checks.append(f"ABI: host {host.family} is one the image's programs use "
+                      f"({', '.join(info.abis)})")
+    else:
+        preflight.check_abi(host, info.mpi_family, info.mpi_soname)
+        checks.append(f"ABI: host {host.family} = image {info.mpi_family or 'none'}")
     search = _search_dirs(host, env, site)
     libs = hostlibs.collect(host, search, set(info.sonames), site)
     if info.glibc:
@@ -112,12 +116,25 @@ def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
     if facts.staged:
         binds.append(Bind(facts.staged, HOST_MOUNT, read_only=True))
     binds.append(Bind(cwd, WORK_MOUNT, read_only=False))
-    for text in (*(facts.site.binds if facts.site else ()), *extra_binds):
-        src, _, dst = text.partition(":")
-        binds.append(Bind(src, dst or src, read_only=text.endswith(":ro")))
+    for text in facts.site.binds if facts.site else ():
+        binds.append(parse_bind(text, read_only_default=True))    # site: host trees
+    for text in extra_binds:
+        binds.append(parse_bind(text, read_only_default=False))   # user: data, output
     return ContainerSpec(runtime=facts.runtime, binary=facts.binary, image=facts.image,
                          binds=tuple(binds), workdir=WORK_MOUNT,
                          env=tuple(sorted(container_env(facts, env).items())))
+
+
+def parse_bind(text: str, read_only_default: bool) -> Bind:
+    """``SRC[:DST[:ro|rw]]`` -> Bind (DST defaults to SRC)."""
+    parts = text.split(":")
+    mode = parts.pop() if len(parts) > 1 and parts[-1] in ("ro", "rw") else None
+    if not parts[0] or len(parts) > 2:
+        raise UserError(f"bad bind {text!r}", "write SRC, SRC:DST or SRC:DST:ro")
+    source = parts[0]
+    target = parts[1] if len(parts) == 2 and parts[1] else source
+    read_only = read_only_default if mode is None else mode == "ro"
+    return Bind(source, target, read_only)
 
 
 def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
@@ -127,30 +144,26 @@ def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
         out.update(facts.site.env)
     if not facts.staged:
         return out
-    libs = facts.libs
-    if libs:
-        bound = hostlibs.binding_env(HOST_MOUNT, libs)
-    else:  # staged by the outer launcher: derive from what is in the directory
-        bound = _env_from_staged(Path(facts.staged))
+    libs = list(facts.libs) or staged_libs(Path(facts.staged))
+    bound = hostlibs.binding_env(HOST_MOUNT, libs)
     current = env.get("LD_LIBRARY_PATH", "")
-    if "LD_LIBRARY_PATH" in bound and current:
+    if current:
         bound["LD_LIBRARY_PATH"] = f"{bound['LD_LIBRARY_PATH']}:{current}"
     out.update(bound)
     return out
 
 
-def _env_from_staged(staged: Path) -> dict[str, str]:
+def staged_libs(staged: Path) -> list:
+    """The LibFiles of a directory staged by the outer launcher (``--host-libs``)."""
     lib = staged / "lib"
-    env = {"LD_LIBRARY_PATH": f"{HOST_MOUNT}/lib"}
-    if (lib / "libfabric").is_dir():
-        env["FI_PROVIDER_PATH"] = f"{HOST_MOUNT}/lib/libfabric"
-    if (lib / "ucx").is_dir():
-        env["UCX_MODULE_DIR"] = f"{HOST_MOUNT}/lib/ucx"
-    if (lib / "libmpi.so.40").exists():
-        env["MPI4PY_MPIABI"] = "openmpi"
-    elif (lib / "libmpi.so.12").exists():
-        env["MPI4PY_MPIABI"] = "mpich"
-    return env
+    found = []
+    for path in sorted(lib.rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(lib)
+            subdir = str(rel.parent) if str(rel.parent) != "." else ""
+            role = "mpi" if not subdir and path.name in hostlibs.LIBMPI_NAMES else "dependency"
+            found.append(hostlibs.LibFile(str(path), path.name, role, subdir))
+    return found
 
 
 def image_has_command(image: str, command: str) -> bool:

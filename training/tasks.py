@@ -6,6 +6,7 @@ the engine uses to average gradients before each optimiser step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Callable
 
@@ -24,6 +25,26 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr=lr, alpha=0.9)
     return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
+
+
+@contextlib.contextmanager
+def _batch_statistics(module: torch.nn.Module):
+    """Inference without dropout, BatchNorm normalising with the batch's own statistics and
+    leaving its running averages alone; the module's modes are restored afterwards."""
+    modes = [(m, m.training) for m in module.modules()]
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    tracking = [m.track_running_stats for m in norms]
+    module.eval()
+    for m in norms:
+        m.train()
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m, flag in zip(norms, tracking):
+            m.track_running_stats = flag
+        for m, mode in modes:
+            m.training = mode
 
 
 class GanTask:
@@ -60,16 +81,14 @@ class GanTask:
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, e: torch.Tensor) -> dict[str, float]:
-        """Physics check on the given events (models in inference mode, state untouched).
+        """Physics check on the given events (no dropout, BatchNorm on batch statistics as in
+        training, nothing updated: the moving averages, momentum 0.01, lag far behind early on).
 
         ``aux_rel_error``: mean |aux(x) - E'| / E' of the discriminator on real showers;
         ``gen_sum_over_f``: mean Σ(G) / f(E') of generated showers (1 is right);
         ``real_sum_over_f``: the same for the real events, for reference.
         """
-        was = self.G.training, self.D.training
-        self.G.eval()
-        self.D.eval()
-        try:
+        with _batch_statistics(self.G), _batch_statistics(self.D):
             _, aux, _ = self.D(x)
             ev = e.view(-1, 1)
             rng = torch.Generator().manual_seed(4321)
@@ -82,9 +101,6 @@ class GanTask:
                 "gen_sum_over_f": float((generated.sum(dim=(1, 2, 3, 4)) / f_gen).mean()),
                 "real_sum_over_f": float((x.sum(dim=(1, 2, 3, 4)) / f_real).mean()),
             }
-        finally:
-            self.G.train(was[0])
-            self.D.train(was[1])
 
     def flops_per_sample(self, batch: int = 2) -> float:
         """One whole iteration (4 optimiser steps) per real sample, on copies of the models."""

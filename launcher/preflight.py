@@ -1,0 +1,398 @@
+"""Checks before any rank starts: each raises ``UserError(message, hint)`` (the CLI prints
+``error:``/``hint:`` and exits 2).
+
+- :func:`check_runtime`: ``ch-run`` / ``singularity`` or ``apptainer`` on PATH;
+- :func:`check_image`: the image exists (directory, SquashFS or SIF) and, for a directory,
+  has the empty mount point the host libraries are bound at;
+- :func:`check_abi`: host and image MPI are of the same ABI family;
+- :func:`check_glibc`: no bound library needs a newer glibc than the image's;
+- :func:`check_pmi`: ``srun --mpi=list`` offers the PMI plugin the MPI needs (otherwise srun
+  starts N silent singletons, each "rank 0 of 1").
+
+:func:`read_image` describes an image: from ``IMG/opt/hpcai/manifest.json`` when the image
+has one (``{"glibc": "2.36", "mpi": {"family": "mpich", "soname": "libmpich.so.12"}}``),
+else by looking at its library directories and reading its ``libc.so.6``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import elf
+from .errors import UserError
+
+MANIFEST = "opt/hpcai/manifest.json"
+IMAGE_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
+                  "/usr/local/lib")
+SQUASH_SUFFIXES = (".sqfs", ".squashfs", ".squash")
+SIF_SUFFIXES = (".sif", ".simg")
+
+PMI_FOR_FAMILY = {"openmpi": "pmix", "mpich": "pmi2", "mpiabi": "pmix"}
+_FAMILY_SONAMES = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12 / libmpich.so.12",
+                   "mpiabi": "libmpi_abi.so"}
+
+
+def _v(version: tuple[int, int] | None) -> str:
+    return ".".join(map(str, version)) if version else "unknown"
+
+
+# --- the runtime ---------------------------------------------------------------------------
+
+_RUNTIME_BINARIES = {"charliecloud": ("ch-run",), "singularity": ("singularity", "apptainer")}
+_RUNTIME_HINTS = {
+    "charliecloud": "install Charliecloud (Debian/Ubuntu: apt-get install charliecloud-runtime; "
+                    "or load the site's charliecloud module) so that ch-run is on PATH",
+    "singularity": "install Apptainer or SingularityCE (https://apptainer.org/docs/admin/main/"
+                   "installation.html; Debian 12 packages neither) or load the site's module, "
+                   "so that singularity or apptainer is on PATH",
+}
+
+
+def check_runtime(runtime: str, path: str | None = None) -> str:
+    """The runtime's binary on PATH (``path`` overrides ``$PATH``); UserError if missing."""
+    if runtime not in _RUNTIME_BINARIES:
+        raise UserError(f"unknown container runtime {runtime!r}",
+                        f"use one of: {', '.join(_RUNTIME_BINARIES)}")
+    names = _RUNTIME_BINARIES[runtime]
+    for name in names:
+        found = shutil.which(name, path=path)
+        if found:
+            return found
+    raise UserError(f"container runtime {runtime}: {' or '.join(names)} not found on PATH",
+                    _RUNTIME_HINTS[runtime])
+
+
+# --- the image -----------------------------------------------------------------------------
+
+def image_kind(path: str | os.PathLike) -> str | None:
+    """"dir", "squash" or "sif" (by magic number, then by suffix); None if not an image."""
+    p = Path(path)
+    if p.is_dir():
+        return "dir"
+    if not p.is_file():
+        return None
+    try:
+        with open(p, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if head[:4] == b"hsqs":
+        return "squash"
+    if b"SIF_MAGIC" in head:
+        return "sif"
+    name = p.name.lower()
+    if name.endswith(SQUASH_SUFFIXES):
+        return "squash"
+    if name.endswith(SIF_SUFFIXES):
+        return "sif"
+    return None
+
+
+def check_image(path: str | os.PathLike, mount_point: str) -> str:
+    """The image's kind; UserError if it is missing, not an image, or (for a directory
+    image) lacks ``mount_point``, which bind mounts need to exist."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise UserError(f"container image {path} does not exist",
+                        "build one with charliecloud/build-image.sh, or give the path of an "
+                        "image directory, a SquashFS file (.sqfs) or a SIF file (.sif)")
+    kind = image_kind(path)
+    if kind is None:
+        raise UserError(f"{path} is not a container image (neither a directory nor a "
+                        "SquashFS or SIF file)",
+                        "give an unpacked image directory, a .sqfs or a .sif file")
+    if kind == "dir":
+        inside = _in_root(Path(path), mount_point)
+        if not inside.is_dir():
+            raise UserError(f"image {path} has no mount point {mount_point} for the host "
+                            "libraries",
+                            "rebuild the image with charliecloud/build-image.sh (it creates "
+                            f"{mount_point}), or add 'mkdir -p {mount_point}' to your image "
+                            "recipe: bind targets must exist in the image")
+    return kind
+
+
+def _in_root(root: Path, path: str, max_links: int = 40) -> Path:
+    """``path`` inside an image root, following the image's symlinks (absolute ones
+    relative to the image root, as inside the container), never leaving the root."""
+    parts = deque(p for p in path.split("/") if p not in ("", "."))
+    current: list[str] = []
+    links = 0
+    while parts:
+        part = parts.popleft()
+        if part == "..":
+            if current:
+                current.pop()
+            continue
+        candidate = root.joinpath(*current, part)
+        if candidate.is_symlink() and links < max_links:
+            links += 1
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                current = []
+            parts.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+        else:
+            current.append(part)
+    return root.joinpath(*current)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    path: str
+    kind: str                           # "dir" | "squash" | "sif"
+    mpi_family: str | None              # "openmpi" | "mpich" | "mpiabi" | None (no MPI)
+    mpi_soname: str | None
+    glibc: tuple[int, int] | None
+    sonames: frozenset[str]             # library file names in the image's library dirs
+    how: str = ""                       # "manifest", "scan ...", "unsquashfs ...", "unknown"
+    abis: tuple[str, ...] = ()          # MPI ABIs the image's programs can use (manifest)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "kind": self.kind, "mpi_family": self.mpi_family,
+                "mpi_soname": self.mpi_soname, "glibc": _v(self.glibc),
+                "libraries": len(self.sonames), "how": self.how}
+
+
+def _parse_glibc(text) -> tuple[int, int] | None:
+    m = re.match(r"\s*(\d+)\.(\d+)", str(text)) if text else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_MPI_SONAMES = (("libmpi.so.40", "openmpi"), ("libmpi.so.12", "mpich"),
+                ("libmpich.so.12", "mpich"))
+
+
+def _mpi_from_names(names: set[str], libmpi_target: str | None
+                    ) -> tuple[str | None, str | None, str]:
+    """(family, soname, note) from the library names an image has.
+
+    With several MPI families present, the development link ``libmpi.so`` (Debian's
+    alternatives) decides; without it the family is left open (None) and the note says so.
+    """
+    found = [(soname, family) for soname, family in _MPI_SONAMES if soname in names]
+    found += [(n, "mpiabi") for n in sorted(names) if n.startswith("libmpi_abi.so.")]
+    families = sorted({family for _, family in found})
+    if len(families) > 1:
+        if libmpi_target:
+            for soname, family in found:
+                if os.path.basename(libmpi_target).startswith(soname):
+                    return family, soname, f" ({family} chosen by libmpi.so)"
+        return None, None, f" (several MPI families: {', '.join(families)}; none chosen)"
+    return (found[0][1], found[0][0], "") if found else (None, None, "")
+
+
+def _is_lib(name: str) -> bool:
+    return ".so" in name and not name.endswith((".a", ".la"))
+
+
+def read_image(path: str | os.PathLike) -> ImageInfo:
+    """What the image offers (see the module docstring). UserError if it is no image."""
+    path = os.fspath(path)
+    kind = image_kind(path)
+    if kind is None:
+        raise UserError(f"container image {path} does not exist or is not an image",
+                        "build one with charliecloud/build-image.sh")
+    if kind == "squash":
+        return _read_squash(path)
+    if kind != "dir":
+        return ImageInfo(path, kind, None, None, None, frozenset(), "unknown")
+    root = Path(path)
+    names: set[str] = set()
+    for d in IMAGE_LIB_DIRS:
+        real = _in_root(root, d)
+        if real.is_dir():
+            names.update(n for n in os.listdir(real) if _is_lib(n))
+    manifest = _in_root(root, MANIFEST)
+    if manifest.is_file():
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"image manifest {manifest} is unreadable: {exc}",
+                            "rebuild the image with charliecloud/build-image.sh") from None
+        return _from_manifest(path, kind, data, names)
+    libmpi = None
+    for d in IMAGE_LIB_DIRS:
+        link = _in_root(root, d) / "libmpi.so"
+        if link.is_symlink() or link.exists():
+            libmpi = str(_in_root(root, f"{d}/libmpi.so"))
+            break
+    family, soname, note = _mpi_from_names(names, libmpi)
+    glibc = None
+    for d in IMAGE_LIB_DIRS:
+        libc = _in_root(root, f"{d}/libc.so.6")
+        if libc.is_file():
+            try:
+                glibc = elf.glibc_version_of(libc)
+                break
+            except (ValueError, OSError):
+                continue
+    return ImageInfo(path, kind, family, soname, glibc, frozenset(names), "scan" + note)
+
+
+def _from_manifest(path: str, kind: str, data: dict, names: set[str]) -> ImageInfo:
+    mpi = data.get("mpi") or {}
+    if not isinstance(mpi, dict):
+        mpi = {}
+    listed = data.get("sonames") or data.get("libraries") or []
+    names = set(names) | {n for n in listed if isinstance(n, str)}
+    family, soname = mpi.get("family"), mpi.get("soname")
+    if family and not soname:
+        soname = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12"}.get(family)
+    if soname and not family:
+        family = dict(_MPI_SONAMES).get(soname)
+    abis = tuple(a for a in mpi.get("abis") or () if isinstance(a, str))
+    return ImageInfo(path, kind, family or None, soname or None, _parse_glibc(data.get("glibc")),
+                     frozenset(names), "manifest", abis)
+
+
+def _read_squash(path: str) -> ImageInfo:
+    """A SquashFS image, read with unsquashfs when it is installed (nothing is extracted)."""
+    binary = shutil.which("unsquashfs")
+    if not binary:
+        return ImageInfo(path, "squash", None, None, None, frozenset(), "unknown")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([binary, *args], capture_output=True, timeout=120, check=False)
+
+    listing = run("-lc", "-d", "", path)
+    names: set[str] = set()
+    wanted = tuple(d.strip("/") + "/" for d in IMAGE_LIB_DIRS)
+    for line in listing.stdout.decode(errors="replace").splitlines():
+        rel = line.strip().lstrip("/")
+        if rel.startswith(wanted) and "/" not in rel[len(_prefix(rel, wanted)):]:
+            if _is_lib(os.path.basename(rel)):
+                names.add(os.path.basename(rel))
+    manifest = run("-cat", path, MANIFEST)
+    if manifest.returncode == 0 and manifest.stdout.strip():
+        try:
+            return _from_manifest(path, "squash", json.loads(manifest.stdout), names)
+        except ValueError:
+            pass
+    family, soname, note = _mpi_from_names(names, None)
+    return ImageInfo(path, "squash", family, soname, None, frozenset(names),
+                     "unsquashfs" + note)
+
+
+def _prefix(rel: str, prefixes: tuple[str, ...]) -> str:
+    return next(p for p in prefixes if rel.startswith(p))
+
+
+# --- ABI, glibc and PMI ------------------------------------------------------------------
+
+def check_abi(host, image_family: str | None, image_soname: str | None) -> None:
+    """Host MPI (a ``hostlibs.HostMpi``) and image MPI must share an ABI family.
+
+    An image without MPI is fine (the host's is all there is). An image built for the
+    MPI-5 standard ABI also runs on a host whose MPI ships ``libmpi_abi.so`` beside its own.
+    """
+    if not image_family or image_family == host.family:
+        return
+    if image_family == "mpiabi" and glob.glob(os.path.join(host.libdir, "libmpi_abi.so.*")):
+        return
+    image_what = image_soname or _FAMILY_SONAMES.get(image_family, image_family)
+    raise UserError(
+        f"ABI mismatch: the host MPI is {host.name} {host.version} ({host.soname}, "
+        f"{host.family} ABI) but the image's MPI is {image_family} ({image_what}); "
+        "binding one into the other breaks at the first MPI call",
+        f"use an image built with the host's MPI family ({host.family}: "
+        f"{_FAMILY_SONAMES.get(host.family, host.soname)}), or run with --no-bind-host-mpi "
+        "to use the image's own MPI")
+
+
+def check_glibc(libs, image_glibc: tuple[int, int]) -> None:
+    """Every bound library (``hostlibs.LibFile``) must load with the image's glibc."""
+    too_new = []
+    for lib in libs:
+        needed = elf.read_elf(lib.path).glibc_needed
+        if needed and needed > tuple(image_glibc):
+            too_new.append((needed, lib))
+    if not too_new:
+        return
+    too_new.sort(key=lambda x: x[0], reverse=True)
+    needed, lib = too_new[0]
+    others = f" (and {len(too_new) - 1} more)" if len(too_new) > 1 else ""
+    raise UserError(
+        f"host library {lib.name} ({lib.path}) needs GLIBC_{_v(needed)} but the image has "
+        f"glibc {_v(tuple(image_glibc))}{others}",
+        f"rebuild the image on a newer base (glibc >= {_v(needed)}), or bind fewer "
+        "libraries (--no-bind-host-mpi, or drop them from the site profile)")
+
+
+def parse_srun_mpi_list(text: str) -> tuple[str, ...]:
+    """Plugin names from ``srun --mpi=list`` (Slurm 20.x-24.x formats).
+
+    22.05 prints ``MPI plugin types are...`` then one tab-indented name per line, then
+    ``specific pmix plugin versions available: pmix_v4``; older ones prefix every line with
+    ``srun: `` and list ``pmix_v3`` among the types.
+    """
+    names: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("srun:"):
+            line = line[len("srun:"):].strip()
+        if not line or "error" in line.lower():
+            continue
+        m = re.match(r"specific \S+ plugin versions available:\s*(.*)", line)
+        if m:
+            names += [n for n in re.split(r"[,\s]+", m.group(1)) if n]
+            continue
+        if line.lower().startswith("mpi ") and line.endswith("..."):
+            continue                                  # "MPI plugin types are..."
+        if re.fullmatch(r"[A-Za-z0-9_]+", line):
+            names.append(line)
+    return tuple(dict.fromkeys(names))
+
+
+def check_pmi(needed: str, srun_mpi_list_output: str) -> None:
+    """The PMI plugin the MPI needs must be among ``srun --mpi=list``'s."""
+    available = parse_srun_mpi_list(srun_mpi_list_output)
+    if needed in available:
+        return
+    if needed == "pmix" and any(n.startswith("pmix_v") for n in available):
+        return
+    which = {"pmix": "Open MPI", "pmi2": "MPICH and Intel MPI"}.get(needed, "this MPI")
+    raise UserError(
+        f"srun has no PMI plugin {needed!r} (srun --mpi=list offers: "
+        f"{', '.join(available) or 'nothing'}); without it srun starts every rank as a "
+        "separate 'rank 0 of 1'",
+        f"{which} under srun needs --mpi={needed}: ask the admins for Slurm's {needed} "
+        "plugin, set pmi in the site profile to one listed, or start the ranks with "
+        "mpirun/mpiexec instead of srun (--launcher mpirun)")
+
+
+def needed_pmi(host, site=None) -> str:
+    """The srun --mpi plugin for a host MPI (the site profile's ``pmi`` wins)."""
+    if site is not None and getattr(site, "pmi", None):
+        return site.pmi
+    return PMI_FOR_FAMILY.get(host.family, "pmix")
+
+
+def srun_mpi_list(env: dict[str, str] | None = None, timeout: float = 30.0) -> str:
+    """Output of ``srun --mpi=list``; UserError when srun is missing or fails."""
+    env = dict(os.environ if env is None else env)
+    binary = shutil.which("srun", path=env.get("PATH"))
+    if not binary:
+        raise UserError("srun not found on PATH",
+                        "run inside a Slurm installation, or start the ranks with mpirun "
+                        "(--launcher mpirun)")
+    try:
+        out = subprocess.run([binary, "--mpi=list"], capture_output=True, text=True,
+                             timeout=timeout, env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"cannot run srun --mpi=list: {exc}",
+                        "check the Slurm installation (SLURM_CONF)") from None
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        last = text.strip().splitlines()[-1] if text.strip() else "(no output)"
+        raise UserError(f"srun --mpi=list failed: {last}",
+                        "check the Slurm configuration: SLURM_CONF, or the slurmctld "
+                        "address in slurm.conf")
+    return text

@@ -1,0 +1,868 @@
+"""Host-library binding: ELF reading, host MPI discovery, collection, staging, pre-flight
+checks and site profiles.
+
+The library trees are made of REAL ELF files, built once per session with gcc: an Intel MPI
+tree with its bundled libfabric and providers, an Open MPI prefix with MCA components, a
+Debian-style MPICH, an Omni-Path site (libpsm2), UCX with its modules, rdma-core with verbs
+providers, NCCL and a fake libcuda. The real host libraries (Open MPI 4.1.4, MPICH 4.0.2,
+Intel MPI from impi-rt, glibc) are read as well where installed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import shutil
+import stat
+import struct
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpcai.launcher import elf, hostlibs, preflight
+from hpcai.launcher.errors import UserError
+from hpcai.launcher.hostlibs import HostMpi, LibFile
+from hpcai.launcher.site import SiteProfile
+
+DATA = Path(__file__).resolve().parent / "data"
+SYSLIB = Path("/usr/lib/x86_64-linux-gnu")
+IMPI = Path(__file__).resolve().parent.parent / ".venv" / "opt" / "impi-rt"
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("gcc"),
+                                reason="needs gcc on x86_64")
+
+
+# --- building the fake trees ---------------------------------------------------------------
+
+@dataclass
+class Lib:
+    out: str                                   # path under the tree root
+    soname: str | None = None
+    needs: tuple[str, ...] = ()                # other Lib.out paths linked against
+    code: str = ""
+    flags: tuple[str, ...] = ()
+    links: tuple[tuple[str, str], ...] = ()    # (link path, target) symlinks made after
+    wave: int = 0                              # built after all lower waves
+
+
+def _specs() -> list[Lib]:
+    ORIGIN = ("-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN")
+    GLIBC_BITS = ("-l:libdl.so.2", "-l:librt.so.1", "-l:libpthread.so.0", "-lm")
+    return [
+        # Omni-Path site: libpsm2 (needs libnuma, which the image has)
+        Lib("opa/usr/lib64/libnuma.so.1", "libnuma.so.1"),
+        Lib("opa/usr/lib64/libpsm2.so.2.2", "libpsm2.so.2", ("opa/usr/lib64/libnuma.so.1",),
+            links=(("opa/usr/lib64/libpsm2.so.2", "libpsm2.so.2.2"),), wave=1),
+        # Intel MPI: lib/libmpi.so.12 (+ MPI-5 ABI library), bundled libfabric + providers
+        Lib("intel/lib/libmpi.so.12", "libmpi.so.12",
+            code='const char hpcai_marker[] = "Intel(R) MPI Library 2021.19 for Linux* OS";',
+            flags=(*ORIGIN, *GLIBC_BITS)),
+        Lib("intel/lib/libmpi_abi.so.1", "libmpi_abi.so.1",
+            code='const char hpcai_marker[] = "Intel(R) MPI Library 2021.19 for Linux* OS";'),
+        Lib("intel/opt/mpi/libfabric/lib/libfabric.so.1.18.0", "libfabric.so.1",
+            links=(("intel/opt/mpi/libfabric/lib/libfabric.so.1", "libfabric.so.1.18.0"),
+                   ("intel/opt/mpi/libfabric/lib/libfabric.so", "libfabric.so.1"))),
+        Lib("intel/opt/mpi/libfabric/lib/prov/libpsmx2-fi.so", "libpsmx2-fi.so",
+            ("opa/usr/lib64/libpsm2.so.2.2",), wave=2),
+        Lib("intel/opt/mpi/libfabric/lib/prov/libtcp-fi.so", "libtcp-fi.so"),
+        # UCX with modules in ucx/
+        Lib("ucx/lib/libucm.so.0.0.0", "libucm.so.0",
+            links=(("ucx/lib/libucm.so.0", "libucm.so.0.0.0"),)),
+        Lib("ucx/lib/libucs.so.0.0.0", "libucs.so.0", ("ucx/lib/libucm.so.0.0.0",),
+            links=(("ucx/lib/libucs.so.0", "libucs.so.0.0.0"),), wave=1),
+        Lib("ucx/lib/libuct.so.0.0.0", "libuct.so.0", ("ucx/lib/libucs.so.0.0.0",),
+            links=(("ucx/lib/libuct.so.0", "libuct.so.0.0.0"),), wave=2),
+        Lib("ucx/lib/libucp.so.0.0.0", "libucp.so.0",
+            ("ucx/lib/libuct.so.0.0.0", "ucx/lib/libucs.so.0.0.0"),
+            links=(("ucx/lib/libucp.so.0", "libucp.so.0.0.0"),), wave=3),
+        Lib("ucx/lib/ucx/libuct_ib.so.0.0.0", "libuct_ib.so.0",
+            ("ucx/lib/libuct.so.0.0.0", "verbs/lib/libibverbs.so.1.14.44.0"),
+            links=(("ucx/lib/ucx/libuct_ib.so.0", "libuct_ib.so.0.0.0"),
+                   ("ucx/lib/ucx/libuct_ib.so", "libuct_ib.so.0.0.0")), wave=3),
+        Lib("ucx/lib/ucx/libuct_cma.so.0.0.0", "libuct_cma.so.0",
+            links=(("ucx/lib/ucx/libuct_cma.so.0", "libuct_cma.so.0.0.0"),)),
+        # rdma-core: libibverbs, librdmacm, providers in libibverbs/
+        Lib("verbs/lib/libibverbs.so.1.14.44.0", "libibverbs.so.1",
+            links=(("verbs/lib/libibverbs.so.1", "libibverbs.so.1.14.44.0"),)),
+        Lib("verbs/lib/librdmacm.so.1.3.44.0", "librdmacm.so.1",
+            ("verbs/lib/libibverbs.so.1.14.44.0",),
+            links=(("verbs/lib/librdmacm.so.1", "librdmacm.so.1.3.44.0"),), wave=1),
+        Lib("verbs/lib/libmlx5.so.1.24.44.0", "libmlx5.so.1",
+            ("verbs/lib/libibverbs.so.1.14.44.0",),
+            links=(("verbs/lib/libmlx5.so.1", "libmlx5.so.1.24.44.0"),
+                   ("verbs/lib/libibverbs/libmlx5-rdmav34.so", "../libmlx5.so.1.24.44.0")),
+            wave=1),
+        Lib("verbs/lib/libibverbs/libefa-rdmav34.so", None,
+            ("verbs/lib/libibverbs.so.1.14.44.0",), wave=1),
+        # NCCL (needs libstdc++, which the image has) and a fake libcuda
+        Lib("cuda/lib64/libnccl.so.2.21.5", "libnccl.so.2",
+            flags=("-Wl,--no-as-needed", "-lstdc++"),
+            links=(("cuda/lib64/libnccl.so.2", "libnccl.so.2.21.5"),)),
+        Lib("cuda/lib64/libnvidia-ptxjitcompiler.so.1", "libnvidia-ptxjitcompiler.so.1"),
+        Lib("cuda/lib64/libcuda.so.1", "libcuda.so.1",
+            ("cuda/lib64/libnvidia-ptxjitcompiler.so.1",), flags=GLIBC_BITS, wave=1),
+        # a site library without soname, whose dependency is found through $ORIGIN
+        Lib("site/opt/extra/libsitedep.so.3", "libsitedep.so.3"),
+        Lib("site/opt/extra/libsitehook.so", None, ("site/opt/extra/libsitedep.so.3",),
+            flags=ORIGIN, wave=1),
+        # Open MPI prefix: libmpi.so.40, ORTE/OPAL, MCA components in lib/openmpi/
+        Lib("ompi/lib/libopen-pal.so.40.30.2", "libopen-pal.so.40",
+            links=(("ompi/lib/libopen-pal.so.40", "libopen-pal.so.40.30.2"),)),
+        Lib("ompi/lib/libopen-rte.so.40.30.2", "libopen-rte.so.40",
+            ("ompi/lib/libopen-pal.so.40.30.2",),
+            links=(("ompi/lib/libopen-rte.so.40", "libopen-rte.so.40.30.2"),), wave=1),
+        Lib("ompi/lib/libmpi.so.40.30.6", "libmpi.so.40",
+            ("ompi/lib/libopen-rte.so.40.30.2", "ompi/lib/libopen-pal.so.40.30.2"),
+            code='const char hpcai_ident[] = "Open MPI v4.1.6";',
+            links=(("ompi/lib/libmpi.so.40", "libmpi.so.40.30.6"),), wave=2),
+        Lib("ompi/lib/libmca_common_ucx.so.40", "libmca_common_ucx.so.40",
+            ("ucx/lib/libucp.so.0.0.0",), wave=4),
+        Lib("ompi/lib/openmpi/mca_btl_self.so", "mca_btl_self.so",
+            ("ompi/lib/libopen-pal.so.40.30.2",), wave=1),
+        Lib("ompi/lib/openmpi/mca_pml_ucx.so", "mca_pml_ucx.so",
+            ("ompi/lib/libmpi.so.40.30.6", "ucx/lib/libucp.so.0.0.0",
+             "ompi/lib/libmca_common_ucx.so.40"), wave=5),
+        # Debian-style MPICH: libmpich.so.12 only
+        Lib("mpich/lib/libmpich.so.12.3.0", "libmpich.so.12",
+            code='const char hpcai_v[] = "MPICH Version:\\t4.1.2";',
+            links=(("mpich/lib/libmpich.so.12", "libmpich.so.12.3.0"),)),
+        # glibc fakes: a libc with a banner, one with only version definitions, a stub libc
+        # defining GLIBC_2.99 and a library that needs it
+        Lib("glibc/banner/libc.so.6", "libc.so.6", code=(
+            'const char hpcai_banner[] = "GNU C Library (Debian GLIBC 2.31-13+deb11u5) '
+            'stable release version 2.31.\\n";')),
+        Lib("glibc/verdef/libc.so.6", "libc.so.6",
+            code="void a(void){} void b(void){} void c(void){}",
+            flags=("-nostdlib", "-Wl,--version-script={root}/glibc/verdef.map")),
+        Lib("glibc/stub/libc.so.6", "libc.so.6", code="void hpcai_fancy(void){}",
+            flags=("-nostdlib", "-Wl,--version-script={root}/glibc/stub.map")),
+        Lib("newglibc/libneedsnew.so.1", "libneedsnew.so.1", ("glibc/stub/libc.so.6",),
+            code="void hpcai_fancy(void); void f(void){hpcai_fancy();}",
+            flags=("-nostdlib",), wave=1),
+    ]
+
+
+def _build(root: Path, lib: Lib) -> None:
+    out = root / lib.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.parent / (out.name.replace(".", "_") + ".c")
+    src.write_text((lib.code or f"int {out.name.split('.')[0].replace('-', '_')}_x;") + "\n")
+    argv = ["gcc", "-shared", "-fPIC", "-Wl,--no-as-needed", "-o", str(out), str(src)]
+    if lib.soname:
+        argv.append(f"-Wl,-soname,{lib.soname}")
+    argv += [f.format(root=root) for f in lib.flags]
+    argv += [str(root / n) for n in lib.needs]
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+    src.unlink()
+    for link, target in lib.links:
+        (root / link).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, root / link)
+
+
+@pytest.fixture(scope="session")
+def tree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hostlibs")
+    (root / "glibc").mkdir()
+    (root / "glibc/verdef.map").write_text(
+        "GLIBC_2.2.5 { global: a; local: *; };\nGLIBC_2.17 { global: b; } GLIBC_2.2.5;\n"
+        "GLIBC_2.28 { global: c; } GLIBC_2.17;\n")
+    (root / "glibc/stub.map").write_text("GLIBC_2.99 { global: hpcai_fancy; local: *; };\n")
+    specs = _specs()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for wave in sorted({s.wave for s in specs}):
+            list(pool.map(lambda s: _build(root, s), [s for s in specs if s.wave == wave]))
+    launcher = root / "ompi/bin/mpirun"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.6'\n")
+    launcher.chmod(0o755)
+    return root
+
+
+@pytest.fixture(scope="session")
+def intel(tree) -> HostMpi:
+    return hostlibs.identify_libmpi(tree / "intel/lib/libmpi.so.12")
+
+
+def _image(root: Path, *, libs: dict[str, str | Path | None], mount: bool = True,
+           manifest: str | None = None, lib_link: str = "usr/lib") -> Path:
+    """A directory image: usr/lib/x86_64-linux-gnu/<name> (copied file, or symlink if the
+    value is a str starting with '->'), /lib -> usr/lib, /opt/hpcai/host."""
+    d = root / "usr/lib/x86_64-linux-gnu"
+    d.mkdir(parents=True)
+    for name, source in libs.items():
+        if isinstance(source, str) and source.startswith("->"):
+            os.symlink(source[2:], d / name)
+        elif source is None:
+            (d / name).write_bytes(b"")
+        else:
+            shutil.copy(source, d / name)
+    os.symlink(lib_link, root / "lib")
+    if mount:
+        (root / "opt/hpcai/host").mkdir(parents=True)
+    if manifest is not None:
+        (root / "opt/hpcai").mkdir(parents=True, exist_ok=True)
+        (root / "opt/hpcai/manifest.json").write_text(manifest)
+    return root
+
+
+# --- ELF ---------------------------------------------------------------------------------
+
+REAL_LIBS = [
+    (SYSLIB / "libmpi.so.40", "libmpi.so.40", "libopen-pal.so.40"),
+    (SYSLIB / "libmpich.so.12", "libmpich.so.12", "libhwloc.so.15"),
+    (SYSLIB / "libstdc++.so.6", "libstdc++.so.6", "libc.so.6"),
+    (IMPI / "lib" / "libmpi.so.12", "libmpi.so.12", "libc.so.6"),
+]
+
+
+@pytest.mark.parametrize("path,soname,needs", REAL_LIBS, ids=[p[1] for p in REAL_LIBS])
+def test_read_elf_real_libraries(path, soname, needs):
+    if not path.exists():
+        pytest.skip(f"{path} not installed")
+    info = elf.read_elf(path)
+    assert info.soname == soname
+    assert needs in info.needed
+    assert info.glibc_needed is not None and info.glibc_needed >= (2, 2)
+    assert elf.is_elf(path)
+
+
+def test_read_elf_matches_readelf_on_real_openmpi():
+    path = SYSLIB / "libmpi.so.40"
+    if not path.exists() or not shutil.which("readelf"):
+        pytest.skip("needs Open MPI and readelf")
+    out = subprocess.run(["readelf", "-dW", str(path)], capture_output=True, text=True).stdout
+    needed = tuple(line.split("[", 1)[1].rstrip("]") for line in out.splitlines()
+                   if "(NEEDED)" in line)
+    info = elf.read_elf(path)
+    assert info.needed == needed
+    assert info.runpath == ("/usr/lib/x86_64-linux-gnu/openmpi/lib",)
+    assert info.search_path == info.runpath
+
+
+def test_read_elf_fake_libraries(tree):
+    hook = elf.read_elf(tree / "site/opt/extra/libsitehook.so")
+    assert hook.soname is None
+    assert "libsitedep.so.3" in hook.needed
+    assert hook.runpath == ("$ORIGIN",) and hook.rpath == ()
+    impi = elf.read_elf(tree / "intel/lib/libmpi.so.12")
+    assert impi.soname == "libmpi.so.12"
+    assert {"libdl.so.2", "librt.so.1", "libc.so.6"} <= set(impi.needed)
+    ucp = elf.read_elf(tree / "ucx/lib/libucp.so.0")      # through the symlink
+    assert ucp.soname == "libucp.so.0" and ucp.needed[:2] == ("libuct.so.0", "libucs.so.0")
+
+
+def test_read_elf_glibc_needed_from_version_needs(tree):
+    info = elf.read_elf(tree / "newglibc/libneedsnew.so.1")
+    assert info.needed == ("libc.so.6",)
+    assert info.glibc_needed == (2, 99)
+    assert info.version_needs == (("libc.so.6", ("GLIBC_2.99",)),)
+
+
+def test_read_elf_section_headers_when_no_program_headers(tree, tmp_path):
+    original = tree / "ucx/lib/libucp.so.0.0.0"
+    data = bytearray(original.read_bytes())
+    struct.pack_into("<H", data, 56, 0)                   # e_phnum = 0
+    copy = tmp_path / "libucp-nophdr.so"
+    copy.write_bytes(bytes(data))
+    a, b = elf.read_elf(original), elf.read_elf(copy)
+    assert (b.soname, b.needed, b.runpath) == (a.soname, a.needed, a.runpath)
+
+
+def test_read_elf_rejects_non_elf(tmp_path, tree):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a library at all, but long enough to have an ELF header's size ....")
+    with pytest.raises(ValueError, match=r"notes.txt: not an ELF file"):
+        elf.read_elf(text)
+    assert not elf.is_elf(text) and not elf.is_elf(tmp_path / "missing")
+    short = tmp_path / "short"
+    short.write_bytes(b"\x7fELF")
+    with pytest.raises(ValueError, match="not an ELF file"):
+        elf.read_elf(short)
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes((tree / "ucx/lib/libucp.so.0.0.0").read_bytes()[:200])
+    with pytest.raises(ValueError, match="truncated|not backed|outside"):
+        elf.read_elf(truncated)
+    big_endian = tmp_path / "be.so"
+    big_endian.write_bytes(b"\x7fELF\x02\x02" + bytes(100))
+    with pytest.raises(ValueError, match="big-endian"):
+        elf.read_elf(big_endian)
+
+
+def test_glibc_version_of(tree, tmp_path):
+    assert elf.glibc_version_of(tree / "glibc/banner/libc.so.6") == (2, 31)
+    assert elf.glibc_version_of(tree / "glibc/verdef/libc.so.6") == (2, 28)
+    real = Path("/lib/x86_64-linux-gnu/libc.so.6")
+    if real.exists():
+        expected = tuple(int(x) for x in platform.libc_ver()[1].split(".")[:2])
+        assert elf.glibc_version_of(real) == expected
+    with pytest.raises(ValueError, match="no glibc version"):
+        elf.glibc_version_of(tree / "opa/usr/lib64/libnuma.so.1")
+
+
+# --- identifying and finding the host MPI ------------------------------------------------
+
+@pytest.mark.parametrize("path,family,name,version", [
+    (SYSLIB / "libmpi.so.40", "openmpi", "openmpi", "4.1.4"),
+    (SYSLIB / "libmpich.so.12", "mpich", "mpich", "4.0.2"),
+], ids=["openmpi", "mpich"])
+def test_identify_real_host_libraries(path, family, name, version):
+    if not path.exists():
+        pytest.skip(f"{path} not installed")
+    host = hostlibs.identify_libmpi(path)
+    assert (host.family, host.name, host.version) == (family, name, version)
+    assert host.libmpi == os.path.realpath(path) and host.soname == path.name
+    assert host.libdir == str(SYSLIB) and host.root is None
+
+
+def test_identify_real_intel_mpi():
+    path = IMPI / "lib" / "libmpi.so.12"
+    if not path.exists():
+        pytest.skip("impi-rt not installed")
+    host = hostlibs.identify_libmpi(path)
+    assert (host.family, host.name, host.soname) == ("mpich", "intel", "libmpi.so.12")
+    assert host.version.startswith("2021.")
+    assert host.root == str(IMPI)
+    abi = IMPI / "lib" / "libmpi_abi.so.1"
+    if abi.exists():
+        assert hostlibs.identify_libmpi(abi).family == "mpiabi"
+
+
+def test_identify_fake_libraries(tree, intel):
+    assert intel == HostMpi("mpich", "intel", "2021.19", str(tree / "intel/lib/libmpi.so.12"),
+                            "libmpi.so.12", str(tree / "intel/lib"), str(tree / "intel"),
+                            f"identified from {tree / 'intel/lib/libmpi.so.12'}")
+    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    assert (ompi.family, ompi.name, ompi.version, ompi.soname) == (
+        "openmpi", "openmpi", "4.1.6", "libmpi.so.40")
+    assert ompi.libmpi == str(tree / "ompi/lib/libmpi.so.40.30.6")
+    assert ompi.root == str(tree / "ompi")
+    mpich = hostlibs.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
+    assert (mpich.family, mpich.name, mpich.version, mpich.soname) == (
+        "mpich", "mpich", "4.1.2", "libmpich.so.12")
+    abi = hostlibs.identify_libmpi(tree / "intel/lib/libmpi_abi.so.1")
+    assert (abi.family, abi.name) == ("mpiabi", "intel")
+    with pytest.raises(ValueError, match="not a known MPI library"):
+        hostlibs.identify_libmpi(tree / "opa/usr/lib64/libpsm2.so.2")
+
+
+def test_find_host_mpi_search_order(tree):
+    ompi_lib = str(tree / "ompi/lib/libmpi.so.40.30.6")
+    found = hostlibs.find_host_mpi({"I_MPI_ROOT": str(tree / "intel")},
+                                   str(tree / "ompi/bin/mpirun"), ldconfig_output="")
+    assert found.libmpi == ompi_lib and found.how.startswith("next to the launcher")
+    found = hostlibs.find_host_mpi({"I_MPI_ROOT": str(tree / "intel"),
+                                    "MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
+    assert (found.name, found.how) == ("intel", "$I_MPI_ROOT/lib")
+    found = hostlibs.find_host_mpi({"MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
+    assert (found.name, found.how) == ("openmpi", "$MPI_HOME/lib")
+    found = hostlibs.find_host_mpi({"EBROOTMPICH": str(tree / "mpich")}, ldconfig_output="")
+    assert (found.soname, found.how) == ("libmpich.so.12", "$EBROOTMPICH/lib")
+    found = hostlibs.find_host_mpi({"LD_LIBRARY_PATH": f"/nonexistent:{tree / 'mpich/lib'}"},
+                                   ldconfig_output="")
+    assert (found.soname, found.how) == ("libmpich.so.12", "$LD_LIBRARY_PATH")
+    ldconfig = (
+        "3 libs found in cache `/etc/ld.so.cache'\n"
+        f"\tlibmpi.so.12 (libc6) => /usr/lib/i386-linux-gnu/libmpi.so.12\n"
+        f"\tlibmpi.so.12 (libc6,x86-64) => {tree / 'intel/lib/libmpi.so.12'}\n"
+        f"\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1\n")
+    found = hostlibs.find_host_mpi({}, ldconfig_output=ldconfig)
+    assert (found.name, found.how) == ("intel", "ldconfig -p: libmpi.so.12")
+    assert hostlibs.find_host_mpi({"MPI_HOME": "/nonexistent"}, ldconfig_output="") is None
+
+
+def test_find_host_mpi_real_launchers_pick_their_family():
+    if not (shutil.which("mpirun.openmpi") and shutil.which("mpiexec.mpich")):
+        pytest.skip("needs Debian's Open MPI and MPICH")
+    ompi = hostlibs.find_host_mpi({}, shutil.which("mpirun.openmpi"), ldconfig_output="")
+    mpich = hostlibs.find_host_mpi({}, shutil.which("mpiexec.mpich"), ldconfig_output="")
+    assert (ompi.name, ompi.soname) == ("openmpi", "libmpi.so.40")
+    assert (mpich.name, mpich.soname) == ("mpich", "libmpich.so.12")
+    by_name = hostlibs.find_host_mpi({"PATH": os.environ["PATH"]}, "mpiexec.mpich",
+                                     ldconfig_output="")
+    assert by_name.soname == "libmpich.so.12"
+    assert hostlibs.find_host_mpi({}, ldconfig_output=None) is not None   # real ldconfig -p
+
+
+# --- collecting, staging, binding env -----------------------------------------------------
+
+SEARCH = ["opa/usr/lib64", "ucx/lib", "verbs/lib", "cuda/lib64"]
+IMAGE_HAS = {"libnuma.so.1", "libstdc++.so.6", "libgcc_s.so.1"}
+
+INTEL_GOLDEN = [
+    # (relpath, role, file under the tree)
+    ("libmpi.so.12", "mpi", "intel/lib/libmpi.so.12"),
+    ("libfabric.so.1", "fabric", "intel/opt/mpi/libfabric/lib/libfabric.so.1.18.0"),
+    ("libfabric/libpsmx2-fi.so", "fabric", "intel/opt/mpi/libfabric/lib/prov/libpsmx2-fi.so"),
+    ("libfabric/libtcp-fi.so", "fabric", "intel/opt/mpi/libfabric/lib/prov/libtcp-fi.so"),
+    ("libucp.so.0", "fabric", "ucx/lib/libucp.so.0.0.0"),
+    ("libucs.so.0", "fabric", "ucx/lib/libucs.so.0.0.0"),
+    ("ucx/libuct_cma.so.0", "fabric", "ucx/lib/ucx/libuct_cma.so.0.0.0"),
+    ("ucx/libuct_ib.so.0", "fabric", "ucx/lib/ucx/libuct_ib.so.0.0.0"),
+    ("libuct.so.0", "fabric", "ucx/lib/libuct.so.0.0.0"),
+    ("libucm.so.0", "fabric", "ucx/lib/libucm.so.0.0.0"),
+    ("libibverbs.so.1", "fabric", "verbs/lib/libibverbs.so.1.14.44.0"),
+    ("libibverbs/libefa-rdmav34.so", "fabric", "verbs/lib/libibverbs/libefa-rdmav34.so"),
+    ("libibverbs/libmlx5-rdmav34.so", "fabric", "verbs/lib/libmlx5.so.1.24.44.0"),
+    ("librdmacm.so.1", "fabric", "verbs/lib/librdmacm.so.1.3.44.0"),
+    ("libnccl.so.2", "accelerator", "cuda/lib64/libnccl.so.2.21.5"),
+    ("libcuda.so.1", "accelerator", "cuda/lib64/libcuda.so.1"),
+    ("libpsm2.so.2", "site", "opa/usr/lib64/libpsm2.so.2.2"),
+    ("libsitehook.so", "site", "site/opt/extra/libsitehook.so"),
+    ("libnvidia-ptxjitcompiler.so.1", "dependency", "cuda/lib64/libnvidia-ptxjitcompiler.so.1"),
+    ("libsitedep.so.3", "dependency", "site/opt/extra/libsitedep.so.3"),
+]
+
+
+def _site(tree: Path, tmp_path: Path) -> SiteProfile:
+    text = (f'name = "opa-test"\nlibraries = ["{tree}/opa/usr/lib64/libpsm2.so.2", '
+            f'"{tree}/site/opt/extra/libsitehook.so"]\nsearch_dirs = ["{tree}/opa/usr/lib64"]\n'
+            '[env]\nFI_PROVIDER = "psm2"\n')
+    path = tmp_path / "site.toml"
+    path.write_text(text)
+    return SiteProfile.load(path)
+
+
+@pytest.fixture
+def intel_libs(tree, intel, tmp_path) -> list[LibFile]:
+    dirs = [str(tree / d) for d in SEARCH]
+    return hostlibs.collect(intel, dirs, set(IMAGE_HAS), _site(tree, tmp_path))
+
+
+def test_collect_intel_golden(tree, intel_libs):
+    got = [(lib.relpath, lib.role, lib.path) for lib in intel_libs]
+    want = [(rel, role, str(tree / f)) for rel, role, f in INTEL_GOLDEN]
+    assert got == want
+    names = {lib.name for lib in intel_libs}
+    assert not names & IMAGE_HAS                          # libnuma: the image's
+    assert not {n for n in names if hostlibs.is_glibc_family(n)}
+    assert hostlibs.missing_dependencies(intel_libs, IMAGE_HAS) == []
+
+
+def test_collect_is_deterministic_and_respects_image(tree, intel, tmp_path):
+    dirs = [str(tree / d) for d in SEARCH]
+    site = _site(tree, tmp_path)
+    first = hostlibs.collect(intel, dirs, set(IMAGE_HAS), site)
+    assert hostlibs.collect(intel, list(dirs), set(sorted(IMAGE_HAS, reverse=True)),
+                            site) == first
+    # the image lacking libnuma: now it is bound as libpsm2's dependency
+    without = hostlibs.collect(intel, dirs, IMAGE_HAS - {"libnuma.so.1"}, site)
+    assert [x.relpath for x in without if x.role == "dependency"] == [
+        "libnvidia-ptxjitcompiler.so.1", "libnuma.so.1", "libsitedep.so.3"]
+    # the image having a fabric library does not stop the host's from being bound
+    assert "libucp.so.0" in {x.name for x in hostlibs.collect(intel, dirs,
+                                                                IMAGE_HAS | {"libucp.so.0"},
+                                                                site)}
+
+
+def test_collect_without_site_finds_psm2_as_fabric_and_reports_missing(tree, intel):
+    libs = hostlibs.collect(intel, [str(tree / "opa/usr/lib64")], set(IMAGE_HAS), None)
+    assert [(x.relpath, x.role) for x in libs] == [
+        ("libmpi.so.12", "mpi"), ("libfabric.so.1", "fabric"),
+        ("libfabric/libpsmx2-fi.so", "fabric"), ("libfabric/libtcp-fi.so", "fabric"),
+        ("libpsm2.so.2", "fabric")]
+    libs = hostlibs.collect(intel, [], set(IMAGE_HAS), None)
+    assert hostlibs.missing_dependencies(libs, IMAGE_HAS) == [
+        ("libfabric/libpsmx2-fi.so", "libpsm2.so.2")]
+
+
+def test_collect_fi_provider_path_and_internal_libfabric_off(tree, intel, tmp_path):
+    prov = tmp_path / "prov"
+    prov.mkdir()
+    shutil.copy(tree / "intel/opt/mpi/libfabric/lib/prov/libtcp-fi.so", prov / "libtcp-fi.so")
+    libs = hostlibs.collect(intel, [], set(IMAGE_HAS), None,
+                            env={"FI_PROVIDER_PATH": str(prov)})
+    assert [(x.relpath, x.path) for x in libs if x.subdir] == [
+        ("libfabric/libtcp-fi.so", str(prov / "libtcp-fi.so"))]
+    libs = hostlibs.collect(intel, [], set(IMAGE_HAS), None,
+                            env={"I_MPI_OFI_LIBRARY_INTERNAL": "0"})
+    assert [x.relpath for x in libs] == ["libmpi.so.12"]
+
+
+def test_collect_openmpi_components_and_mpich_alias(tree):
+    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    libs = hostlibs.collect(ompi, [str(tree / "ucx/lib")], set(IMAGE_HAS), None)
+    assert [(x.relpath, x.role) for x in libs] == [
+        ("libmpi.so.40", "mpi"), ("libopen-rte.so.40", "mpi"), ("libopen-pal.so.40", "mpi"),
+        ("openmpi/mca_btl_self.so", "mpi"), ("openmpi/mca_pml_ucx.so", "mpi"),
+        ("libucp.so.0", "fabric"), ("libucs.so.0", "fabric"),
+        ("ucx/libuct_cma.so.0", "fabric"), ("ucx/libuct_ib.so.0", "fabric"),
+        ("libuct.so.0", "fabric"), ("libucm.so.0", "fabric"),
+        ("libmca_common_ucx.so.40", "dependency")]
+    assert hostlibs.missing_dependencies(libs, IMAGE_HAS) == [
+        ("ucx/libuct_ib.so.0", "libibverbs.so.1")]
+    env = hostlibs.binding_env("/opt/hpcai/host", libs)
+    assert env == {"LD_LIBRARY_PATH": "/opt/hpcai/host/lib",
+                   "UCX_MODULE_DIR": "/opt/hpcai/host/lib/ucx",
+                   "OMPI_MCA_mca_base_component_path": "/opt/hpcai/host/lib/openmpi",
+                   "MPI4PY_MPIABI": "openmpi"}
+    mpich = hostlibs.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
+    libs = hostlibs.collect(mpich, [], set(), None)
+    real = str(tree / "mpich/lib/libmpich.so.12.3.0")
+    assert libs == [LibFile(real, "libmpich.so.12", "mpi"), LibFile(real, "libmpi.so.12", "mpi")]
+    assert hostlibs.binding_env("/mnt/", libs) == {"LD_LIBRARY_PATH": "/mnt/lib",
+                                                  "MPI4PY_MPIABI": "mpich"}
+
+
+def test_collect_site_library_missing(tree, intel, tmp_path):
+    path = tmp_path / "site.toml"
+    path.write_text('libraries = ["/nonexistent/libpsm2.so.2"]\n')
+    with pytest.raises(UserError) as err:
+        hostlibs.collect(intel, [], set(), SiteProfile.load(path))
+    assert "/nonexistent/libpsm2.so.2" in err.value.message
+    assert str(path) in err.value.message
+    assert "libraries" in err.value.hint
+
+
+def test_collect_real_host_openmpi():
+    path = SYSLIB / "libmpi.so.40"
+    if not path.exists():
+        pytest.skip("Open MPI not installed")
+    host = hostlibs.identify_libmpi(path)
+    dirs = [str(SYSLIB), "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+    libs = hostlibs.collect(host, dirs, {"libz.so.1"}, None)
+    names = [x.relpath for x in libs]
+    assert names[:3] == ["libmpi.so.40", "libopen-rte.so.40", "libopen-pal.so.40"]
+    assert "openmpi/mca_btl_self.so" in names and "libhwloc.so.15" in names
+    assert "libz.so.1" not in names and "libc.so.6" not in names
+    assert len(names) == len(set(names))
+    assert hostlibs.missing_dependencies(libs, {"libz.so.1"}) == []
+    env = hostlibs.binding_env("/opt/hpcai/host", libs)
+    assert env["MPI4PY_MPIABI"] == "openmpi"
+    assert env["OMPI_MCA_mca_base_component_path"] == "/opt/hpcai/host/lib/openmpi"
+
+
+def _tree_listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
+
+
+def test_stage_layout_read_only_copies_and_reuse(tree, intel_libs, tmp_path):
+    cache = tmp_path / "cache"
+    staged = hostlibs.stage(intel_libs, cache)
+    assert staged.parent == cache / "hostlibs"
+    assert staged.name == hostlibs.stage_key(intel_libs)
+    assert _tree_listing(staged) == sorted(f"lib/{rel}" for rel, _, _ in INTEL_GOLDEN)
+    for lib in intel_libs:
+        target = staged / "lib" / lib.relpath
+        assert not target.is_symlink()
+        assert target.read_bytes() == Path(lib.path).read_bytes()
+        # a copy, never a hard link: a write in the container must not reach the host
+        assert not os.path.samefile(target, lib.path)
+        assert stat.S_IMODE(target.stat().st_mode) == 0o444
+    assert stat.S_IMODE(staged.stat().st_mode) == 0o755
+    assert [p.name for p in (cache / "hostlibs").iterdir()] == [staged.name]   # no temp left
+    inode = (staged / "lib").stat().st_ino
+    assert hostlibs.stage(intel_libs, cache) == staged                      # reused
+    assert (staged / "lib").stat().st_ino == inode
+    other = hostlibs.stage(intel_libs[:1], cache)
+    assert other != staged and _tree_listing(other) == ["lib/libmpi.so.12"]
+
+
+def test_stage_failure_leaves_nothing(tree, intel_libs, tmp_path, monkeypatch):
+    calls = []
+    real_copy = shutil.copy2
+
+    def failing_copy(src, dst, *args, **kwargs):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_copy(src, dst, *args, **kwargs)
+    monkeypatch.setattr(shutil, "copy2", failing_copy)
+    with pytest.raises(OSError, match="No space"):
+        hostlibs.stage(intel_libs, tmp_path / "cache")
+    assert list((tmp_path / "cache" / "hostlibs").iterdir()) == []
+
+
+def test_stage_lost_race_uses_the_winner(tree, intel_libs, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    final = cache / "hostlibs" / hostlibs.stage_key(intel_libs)
+    real_rename = os.rename
+
+    def racing_rename(src, dst):
+        (Path(dst) / "lib").mkdir(parents=True)      # another process finished first
+        real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", racing_rename)
+    assert hostlibs.stage(intel_libs, cache) == final
+    assert [p.name for p in (cache / "hostlibs").iterdir()] == [final.name]
+
+
+def test_binding_env_golden(intel_libs):
+    assert hostlibs.binding_env("/opt/hpcai/host", intel_libs) == {
+        "LD_LIBRARY_PATH": "/opt/hpcai/host/lib",
+        "FI_PROVIDER_PATH": "/opt/hpcai/host/lib/libfabric",
+        "UCX_MODULE_DIR": "/opt/hpcai/host/lib/ucx",
+        "RDMAV_DRIVERS": "/opt/hpcai/host/lib/libibverbs/libefa:"
+                         "/opt/hpcai/host/lib/libibverbs/libmlx5",
+        "MPI4PY_MPIABI": "mpich",
+    }
+
+
+# --- pre-flight checks ---------------------------------------------------------------------
+
+def test_check_abi_mismatch_openmpi_host_mpich_image(tree, tmp_path):
+    real = SYSLIB / "libmpi.so.40"
+    host = hostlibs.identify_libmpi(real if real.exists() else tree / "ompi/lib/libmpi.so.40")
+    image = _image(tmp_path / "img", libs={
+        "libmpich.so.12.3.0": tree / "mpich/lib/libmpich.so.12.3.0",
+        "libmpich.so.12": "->libmpich.so.12.3.0",
+        "libc.so.6": tree / "glibc/banner/libc.so.6"})
+    info = preflight.read_image(image)
+    assert (info.mpi_family, info.mpi_soname, info.glibc, info.how) == (
+        "mpich", "libmpich.so.12", (2, 31), "scan")
+    with pytest.raises(UserError) as err:
+        preflight.check_abi(host, info.mpi_family, info.mpi_soname)
+    assert err.value.message.startswith("ABI mismatch: the host MPI is openmpi")
+    assert "libmpi.so.40" in err.value.message and "libmpich.so.12" in err.value.message
+    assert "host's MPI family (openmpi" in err.value.hint
+    assert "--no-bind-host-mpi" in err.value.hint
+
+
+def test_check_abi_accepts(tree, intel):
+    preflight.check_abi(intel, "mpich", "libmpich.so.12")
+    preflight.check_abi(intel, None, None)                   # image without MPI
+    preflight.check_abi(intel, "mpiabi", "libmpi_abi.so.1")  # Intel ships libmpi_abi beside
+    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    with pytest.raises(UserError, match="ABI mismatch"):
+        preflight.check_abi(ompi, "mpiabi", "libmpi_abi.so.1")
+
+
+def test_check_glibc_too_new(tree):
+    new = LibFile(str(tree / "newglibc/libneedsnew.so.1"), "libneedsnew.so.1", "site")
+    ok = LibFile(str(tree / "ucx/lib/libucp.so.0.0.0"), "libucp.so.0", "fabric")
+    preflight.check_glibc([ok], (2, 36))
+    with pytest.raises(UserError) as err:
+        preflight.check_glibc([ok, new], (2, 36))
+    assert err.value.message == (
+        f"host library libneedsnew.so.1 ({tree / 'newglibc/libneedsnew.so.1'}) needs "
+        "GLIBC_2.99 but the image has glibc 2.36")
+    assert err.value.hint.startswith("rebuild the image on a newer base (glibc >= 2.99)")
+    assert "bind fewer libraries" in err.value.hint
+
+
+def test_check_glibc_real_library_against_old_image():
+    real = Path("/lib/x86_64-linux-gnu/libstdc++.so.6")
+    if not real.exists():
+        pytest.skip("no libstdc++")
+    lib = LibFile(os.path.realpath(real), "libstdc++.so.6", "dependency")
+    with pytest.raises(UserError, match=r"libstdc\+\+\.so\.6 .* needs GLIBC_2\.\d+ but the "
+                                        r"image has glibc 2\.17"):
+        preflight.check_glibc([lib], (2, 17))
+    preflight.check_glibc([lib], elf.read_elf(real).glibc_needed)
+
+
+SRUN_22_05 = """MPI plugin types are...
+\tpmix
+\tnone
+\tcray_shasta
+\tpmi2
+specific pmix plugin versions available: pmix_v4
+"""
+SRUN_OLD = "srun: MPI types are...\nsrun: none\nsrun: pmi2\nsrun: pmix_v3\nsrun: pmix\n"
+SRUN_NO_PMI2 = "MPI plugin types are...\n\tnone\n\tpmix\nspecific pmix plugin versions " \
+               "available: pmix_v3,pmix_v4\n"
+
+
+def test_parse_srun_mpi_list_formats():
+    assert preflight.parse_srun_mpi_list(SRUN_22_05) == (
+        "pmix", "none", "cray_shasta", "pmi2", "pmix_v4")
+    assert preflight.parse_srun_mpi_list(SRUN_OLD) == ("none", "pmi2", "pmix_v3", "pmix")
+    assert preflight.parse_srun_mpi_list(SRUN_NO_PMI2) == ("none", "pmix", "pmix_v3",
+                                                           "pmix_v4")
+
+
+def test_check_pmi():
+    for needed in ("pmix", "pmi2", "pmix_v4"):
+        preflight.check_pmi(needed, SRUN_22_05)
+    preflight.check_pmi("pmix", "MPI plugin types are...\n\tnone\n\tpmix_v3\n")
+    with pytest.raises(UserError) as err:
+        preflight.check_pmi("pmi2", SRUN_NO_PMI2)
+    assert err.value.message.startswith(
+        "srun has no PMI plugin 'pmi2' (srun --mpi=list offers: none, pmix, pmix_v3, pmix_v4)")
+    assert "rank 0 of 1" in err.value.message
+    assert err.value.hint.startswith("MPICH and Intel MPI under srun needs --mpi=pmi2")
+    assert "--launcher mpirun" in err.value.hint
+    with pytest.raises(UserError, match="offers: none"):
+        preflight.check_pmi("pmix", "MPI plugin types are...\n\tnone\n")
+
+
+def test_needed_pmi(intel, tree):
+    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    assert preflight.needed_pmi(intel) == "pmi2" and preflight.needed_pmi(ompi) == "pmix"
+    lrz = SiteProfile.load(DATA / "site-lrz.toml")
+    assert preflight.needed_pmi(ompi, lrz) == "pmi2"
+
+
+def test_srun_mpi_list_real(tmp_path):
+    if not shutil.which("srun"):
+        pytest.skip("Slurm not installed")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\n"
+                    "PartitionName=debug Nodes=ALL Default=YES\n")
+    text = preflight.srun_mpi_list({**os.environ, "SLURM_CONF": str(conf)})
+    assert text.startswith("MPI plugin types are...")
+    assert {"pmi2", "pmix", "none"} <= set(preflight.parse_srun_mpi_list(text))
+    with pytest.raises(UserError, match="srun not found"):
+        preflight.srun_mpi_list({"PATH": str(tmp_path)})
+
+
+def test_check_image_missing_and_mount_point(tmp_path, tree):
+    with pytest.raises(UserError) as err:
+        preflight.check_image(tmp_path / "nope", "/opt/hpcai/host")
+    assert err.value.message == f"container image {tmp_path / 'nope'} does not exist"
+    assert "charliecloud/build-image.sh" in err.value.hint
+    image = _image(tmp_path / "img", libs={}, mount=False)
+    with pytest.raises(UserError) as err:
+        preflight.check_image(image, "/opt/hpcai/host")
+    assert err.value.message == (f"image {image} has no mount point /opt/hpcai/host for the "
+                                 "host libraries")
+    assert err.value.hint.startswith("rebuild the image with charliecloud/build-image.sh")
+    (image / "opt/hpcai/host").mkdir(parents=True)
+    assert preflight.check_image(image, "/opt/hpcai/host") == "dir"
+    junk = tmp_path / "junk.bin"
+    junk.write_text("hello")
+    with pytest.raises(UserError, match="is not a container image"):
+        preflight.check_image(junk, "/opt/hpcai/host")
+    sif = tmp_path / "x.img"
+    sif.write_bytes(b"#!/usr/bin/env run-singularity\n" + b"SIF_MAGIC" + bytes(50))
+    assert preflight.check_image(sif, "/opt/hpcai/host") == "sif"
+
+
+def test_check_image_mount_point_through_absolute_symlink(tmp_path):
+    image = _image(tmp_path / "img", libs={}, mount=False)
+    (image / "srv/hpcai/host").mkdir(parents=True)
+    (image / "opt").mkdir()
+    os.symlink("/srv/hpcai", image / "opt/hpcai")       # absolute: inside the image
+    assert preflight.check_image(image, "/opt/hpcai/host") == "dir"
+
+
+def test_check_runtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(UserError) as err:
+        preflight.check_runtime("charliecloud")
+    assert err.value.message == "container runtime charliecloud: ch-run not found on PATH"
+    assert "apt-get install charliecloud-runtime" in err.value.hint
+    with pytest.raises(UserError) as err:
+        preflight.check_runtime("singularity")
+    assert err.value.message == ("container runtime singularity: singularity or apptainer "
+                                 "not found on PATH")
+    assert "Apptainer" in err.value.hint
+    with pytest.raises(UserError, match="unknown container runtime 'docker'"):
+        preflight.check_runtime("docker")
+    fake = tmp_path / "apptainer"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert preflight.check_runtime("singularity") == str(fake)
+
+
+def test_read_image_manifest_wins(tmp_path, tree):
+    image = _image(tmp_path / "img", libs={"libnuma.so.1": None, "libz.so.1.2.13": None,
+                                           "libz.so.1": "->libz.so.1.2.13"},
+                   manifest='{"glibc": "2.36", "mpi": {"family": "openmpi", '
+                            '"soname": "libmpi.so.40"}}')
+    info = preflight.read_image(image)
+    assert info == preflight.ImageInfo(str(image), "dir", "openmpi", "libmpi.so.40", (2, 36),
+                                       frozenset({"libnuma.so.1", "libz.so.1.2.13",
+                                                  "libz.so.1"}), "manifest")
+    none = _image(tmp_path / "img2", libs={}, manifest='{"glibc": "2.36", "mpi": null}')
+    assert preflight.read_image(none).mpi_family is None
+
+
+def test_read_image_scan_with_absolute_lib_symlink(tmp_path, tree):
+    image = _image(tmp_path / "img", lib_link="/usr/lib", libs={
+        "libmpi.so.40": tree / "ompi/lib/libmpi.so.40.30.6",
+        "libc.so.6": tree / "glibc/verdef/libc.so.6"})
+    info = preflight.read_image(image)
+    assert (info.kind, info.mpi_family, info.mpi_soname, info.glibc) == (
+        "dir", "openmpi", "libmpi.so.40", (2, 28))
+    assert info.sonames == frozenset({"libmpi.so.40", "libc.so.6"})
+
+
+def test_read_image_several_mpi_families(tmp_path, tree):
+    libs = {"libmpi.so.40": None, "libmpich.so.12": None}
+    both = _image(tmp_path / "both", libs=dict(libs))
+    info = preflight.read_image(both)
+    assert (info.mpi_family, info.mpi_soname) == (None, None)
+    assert info.how == "scan (several MPI families: mpich, openmpi; none chosen)"
+    chosen = _image(tmp_path / "chosen", libs={**libs, "libmpi.so": "->libmpich.so.12"})
+    info = preflight.read_image(chosen)
+    assert (info.mpi_family, info.mpi_soname, info.how) == (
+        "mpich", "libmpich.so.12", "scan (mpich chosen by libmpi.so)")
+
+
+def test_read_image_squashfs(tmp_path, tree):
+    if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
+        pytest.skip("squashfs-tools not installed")
+    image = _image(tmp_path / "img", libs={"libmpich.so.12": None, "libnuma.so.1": None},
+                   manifest='{"glibc": "2.36", "mpi": {"family": "mpich", '
+                            '"soname": "libmpich.so.12"}}')
+    sqfs = tmp_path / "img.sqfs"
+    subprocess.run(["mksquashfs", str(image), str(sqfs), "-quiet", "-noappend"], check=True,
+                   capture_output=True)
+    assert preflight.check_image(sqfs, "/opt/hpcai/host") == "squash"
+    info = preflight.read_image(sqfs)
+    assert (info.kind, info.mpi_family, info.mpi_soname, info.glibc, info.how) == (
+        "squash", "mpich", "libmpich.so.12", (2, 36), "manifest")
+    assert info.sonames == frozenset({"libmpich.so.12", "libnuma.so.1"})
+
+
+# --- site profiles -------------------------------------------------------------------------
+
+def test_site_profile_lrz():
+    site = SiteProfile.load(DATA / "site-lrz.toml")
+    assert site.name == "lrz-supermuc-ng"
+    assert (site.mpi_launcher, site.pmi, site.cores_per_node) == ("srun", "pmi2", 48)
+    assert site.binds[0] == "/lrz/sys/"
+    assert site.env["FI_PROVIDER"] == "psm2"
+    assert site.libraries == ("/usr/lib64/libpsm2.so.2",)
+    assert site.search_dirs == ("/usr/lib64",)
+    assert site.expected_libmpi == "/lrz/sys/intel/"
+    assert site.path == str(DATA / "site-lrz.toml")
+    hash(site)
+
+
+def test_site_profile_from_env(tmp_path):
+    assert SiteProfile.from_env({}) is None
+    assert SiteProfile.from_env({"HPCAI_SITE": str(DATA / "site-lrz.toml")}).pmi == "pmi2"
+    path = tmp_path / "mysite.toml"
+    path.write_text("")
+    assert SiteProfile.from_env({"HPCAI_SITE": str(path)}) == SiteProfile(
+        name="mysite", path=str(path))
+
+
+@pytest.mark.parametrize("text,message,hint", [
+    ('nmae = "x"\n', "unknown key 'nmae' in site profile {path}", "known keys: name, binds"),
+    ('cores_per_node = "48"\n',
+     "site profile {path}: 'cores_per_node' must be an integer, got string '48'",
+     "for example: cores_per_node = 48"),
+    ("cores_per_node = true\n", "'cores_per_node' must be an integer, got boolean True",
+     "cores_per_node = 48"),
+    ('binds = "/lrz/sys"\n', "'binds' must be an array of strings, got string '/lrz/sys'",
+     'binds = ["/lrz/sys/", "/hppfs/work:/work"]'),
+    ('binds = ["relative/dir"]\n', "bind 'relative/dir' is not SRC[:DST] with absolute paths",
+     "for example: binds = "),
+    ('mpi_launcher = "mpirun"\n', "'mpi_launcher' must be one of srun, mpiexec, got 'mpirun'",
+     'mpi_launcher = "srun"'),
+    ("[env]\nPSM2_MULTI_EP = 1\n", "env.PSM2_MULTI_EP must be a string, got integer 1",
+     'quote it: PSM2_MULTI_EP = "1"'),
+    ('libraries = ["libpsm2.so.2"]\n', "'libraries' entry 'libpsm2.so.2' is not an absolute",
+     "libraries = ["),
+    ("name = [\n", "is not valid TOML", "strings need quotes"),
+])
+def test_site_profile_errors(tmp_path, text, message, hint):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        SiteProfile.load(path)
+    assert message.format(path=path) in err.value.message
+    assert str(path) in err.value.message
+    assert hint in err.value.hint
+
+
+def test_site_profile_missing_file(tmp_path):
+    with pytest.raises(UserError, match="does not exist") as err:
+        SiteProfile.load(tmp_path / "none.toml")
+    assert "HPCAI_SITE" in err.value.hint
