@@ -44,9 +44,13 @@ class ContainerFacts:
         }
 
 
+PMI_FAMILY = {"pmix": "openmpi", "pmi2": "mpich"}   # what srun's PMI plugin implies
+
+
 def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
            site_path: str | None, env: dict[str, str], launcher: str | None,
-           srun_pmi: str | None, cache_dir: str, in_rank: bool) -> ContainerFacts:
+           srun_pmi: str | None, cache_dir: str, in_rank: bool,
+           family: str | None = None) -> ContainerFacts:
     """All container facts, checked. Raises UserError on the first problem."""
     checks: list[str] = []
     rt = containers.get_runtime(runtime)
@@ -64,7 +68,9 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
                             "let hpcai-launch start the ranks, or leave --host-libs out")
         return ContainerFacts(runtime, binary, image, info, None, host_libs, (), site,
                               tuple(checks))
-    host = hostlibs.find_host_mpi(env, launcher)
+    if family is None and launcher is None:   # a rank started by srun: its PMI tells
+        family = PMI_FAMILY.get(env.get("SLURM_MPI_TYPE", ""))
+    host = hostlibs.find_host_mpi(env, launcher, require=family)
     if bind_host_mpi is False or (bind_host_mpi is None and host is None):
         checks.append("host MPI not bound" + ("" if host else ": none found"))
         return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks))

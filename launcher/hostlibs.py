@@ -306,9 +306,11 @@ def run_ldconfig(env: dict[str, str] | None = None) -> str:
 
 def find_host_mpi(env: dict[str, str], launcher: str | None = None,
                   ldconfig_output: str | None = None, *,
-                  prefer: str | None = None) -> HostMpi | None:
+                  prefer: str | None = None, require: str | None = None) -> HostMpi | None:
     """The host's libmpi, or None. ``prefer`` (a family) breaks ties inside one directory;
-    by default it is guessed from the launcher's name (orterun: openmpi, hydra: mpich)."""
+    by default it is guessed from the launcher's name (orterun: openmpi, hydra: mpich).
+    ``require`` (a family) skips every other family, e.g. under ``srun --mpi=pmix``."""
+    prefer = prefer or require
     if launcher and "/" not in launcher:
         launcher = shutil.which(launcher, path=env.get("PATH", os.defpath)) or launcher
     prefer = prefer or (_launcher_family(launcher) if launcher else None)
@@ -319,7 +321,7 @@ def find_host_mpi(env: dict[str, str], launcher: str | None = None,
             continue
         seen.add(key)
         found = _first_libmpi(directory, prefer)
-        if found:
+        if found and (require is None or found.family == require):
             return replace(found, how=how)
     if ldconfig_output is None:
         ldconfig_output = run_ldconfig(env)
@@ -329,6 +331,8 @@ def find_host_mpi(env: dict[str, str], launcher: str | None = None,
     if prefer:
         names.sort(key=lambda n: _FAMILY_OF_SONAME.get(n, "mpiabi") != prefer)
     for name in names:
+        if require and _FAMILY_OF_SONAME.get(name, "mpiabi") != require:
+            continue
         if name in cache:
             try:
                 return replace(identify_libmpi(cache[name]), how=f"ldconfig -p: {name}")

@@ -483,6 +483,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None) -> Facts:
             runtime=options.runtime, image=options.container,
             bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
             site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
+            family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
             srun_pmi=srun_pmi, cache_dir=env.get("HPCAI_CACHE", os.path.join(
                 env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai")),
             in_rank=info is not None)

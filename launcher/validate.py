@@ -2,8 +2,10 @@
 
     hpcai-launch validate --container IMG [--runtime charliecloud] -N 2 [--json FILE]
 
-Launches the real job shape twice - in the container with the planned bindings, then bare
-on the host - running ``python3 -m hpcai.launcher.probe --bench``. Every rank reports its
+Launches the real job shape - in the container with the planned bindings, then bare on
+the host, alternated ``--repeat`` times (default 3; the best of each counts, since a shared
+node's bandwidth wanders by 2-3x between runs) - running
+``python3 -m hpcai.launcher.probe --bench``. Every rank reports its
 rank and world size (catching N x "rank 0 of 1"), CPU affinity, ``MPI_Get_library_version``
 and the paths of the libmpi / libfabric / libpsm2 / libucp / libnccl mapped into it (from
 ``/proc/self/maps``), then a ping-pong and an allreduce bandwidth probe. Prints a table,
@@ -33,6 +35,8 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="hpcai-launch validate", add_help=False)
     parser.add_argument("--json", default="hpcai-validate.json")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="container and host probes, alternated; the best of each counts")
     parser.add_argument("--expect-libmpi", default=None,
                         help=f"path prefix every rank's libmpi must have (default: "
                              f"{HOST_MOUNT} when the host MPI is bound)")
@@ -49,6 +53,19 @@ def _launch(launch_args: list[str], out_rel: str, python: str) -> tuple[int, str
             "hpcai.launcher.probe", "--bench", "--quiet", "--out", out_rel]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     return result.returncode, result.stderr
+
+
+def _best(kept: list[dict], new: list[dict]) -> list[dict]:
+    """Keep the run with the higher ping-pong bandwidth (its allreduce figure too: best of)."""
+    if not kept:
+        return new
+    if not new:
+        return kept
+    for key in BENCH_KEYS:
+        a, b = kept[0].get("bench", {}).get(key), new[0].get("bench", {}).get(key)
+        if a is not None and b is not None and b > a:
+            kept[0]["bench"][key] = b
+    return kept
 
 
 def _records(directory: Path) -> list[dict]:
@@ -126,19 +143,25 @@ def main(argv: list[str]) -> int:
     if not bound and ns.expect_libmpi is None:
         expect = HOST_MOUNT   # validating means: the host MPI must be the one loaded
     work = Path(tempfile.mkdtemp(prefix=".hpcai-validate-", dir=os.getcwd()))
+    container: list[dict] = []
+    host: list[dict] = []
     try:
-        inside_dir, host_dir = work / "container", work / "host"
-        code, err = _launch(launch_args, os.path.relpath(inside_dir), "python3")
-        container = _records(inside_dir)
-        if code != 0 and not container:
-            sys.stderr.write(err)
-            print("error: the containerised probe did not run (see above)", file=sys.stderr)
-            return 1
-        code_h, err_h = _launch(_strip_container(launch_args), os.path.relpath(host_dir),
-                                sys.executable)
-        host = _records(host_dir)
-        if code_h != 0 and not host:
-            sys.stderr.write(err_h)
+        for trial in range(max(ns.repeat, 1)):
+            inside_dir, host_dir = work / f"container-{trial}", work / f"host-{trial}"
+            code, err = _launch(launch_args, os.path.relpath(inside_dir), "python3")
+            records = _records(inside_dir)
+            if code != 0 and not records:
+                sys.stderr.write(err)
+                print("error: the containerised probe did not run (see above)",
+                      file=sys.stderr)
+                return 1
+            container = _best(container, records)
+            code_h, err_h = _launch(_strip_container(launch_args), os.path.relpath(host_dir),
+                                    sys.executable)
+            records_h = _records(host_dir)
+            if code_h != 0 and not records_h:
+                sys.stderr.write(err_h)
+            host = _best(host, records_h)
         problems, ratios = evaluate(container, host, expect_prefix=expect,
                                     threshold=ns.threshold)
     finally:

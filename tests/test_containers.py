@@ -1,0 +1,128 @@
+"""Ranks in Charliecloud with the HOST's MPI bound in, for real: mpirun, srun, validate.
+
+Every rank reads ``/proc/self/maps`` inside the container: the libmpi it really mapped must
+come from the bound host directory (``/opt/hpcai/host/lib``), for host Open MPI, Intel MPI
+(impi-rt) and MPICH, into the image built by ``charliecloud/build-image.sh``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import FLAVOURS, run
+from rankcheck import assert_one_world, load_ranks
+from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
+
+PROBE = ["python3", "-m", "hpcai.launcher.probe", "--quiet", "--out", "out"]
+HOST_LIB = "/opt/hpcai/host/lib/"
+
+
+def test_host_mpi_is_what_every_rank_loads(image, mpi, tmp_path):
+    env = image_env(**mpi.env)
+    result = run(["hpcai-launch", "-N", "2", "--mpi", mpi.name, "--mpirun", mpi.launcher,
+                  "--container", str(image), "--report-bindings", "--", *PROBE], env,
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = load_ranks(tmp_path / "out")
+    assert_one_world(records, 2)
+    for r in records:
+        assert r["libraries"]["libmpi"], r
+        assert all(p.startswith(HOST_LIB) for p in r["libraries"]["libmpi"]), r["libmpi"]
+    expected = {"openmpi": "Open MPI", "mpich": "MPICH", "intel": "Intel(R) MPI"}[mpi.name]
+    assert expected in records[0]["mpi_library_version"]
+
+
+def test_dry_run_shows_checks_and_bound_libraries(image, tmp_path):
+    result = run(["hpcai-launch", "-N", "2", "--container", str(image), "--dry-run", "--json",
+                  "--", *PROBE], image_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    container = plan["container"]
+    assert container["runtime"] == "charliecloud"
+    assert any(c.startswith("ABI: host openmpi") for c in container["checks"])
+    assert any("glibc" in c for c in container["checks"])
+    assert any(lib.startswith("libmpi.so.40 <- ") for lib in container["bound_libraries"])
+    assert "--host-libs" in plan["argv"]
+    staged = Path(plan["argv"][plan["argv"].index("--host-libs") + 1])
+    assert (staged / "lib" / "libmpi.so.40").is_file()
+    assert (staged / "lib" / "libmpi.so.40").stat().st_mode & 0o222 == 0   # read-only copy
+
+
+def _fake_image(root: Path, family: str, soname: str) -> Path:
+    (root / "opt" / "hpcai" / "host").mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / "python3").write_text("")
+    (root / "usr" / "bin" / "python3").chmod(0o755)
+    (root / "opt" / "hpcai" / "manifest.json").write_text(json.dumps(
+        {"glibc": "2.36", "mpi": {"family": family, "soname": soname, "abis": [family]}}))
+    return root
+
+
+def test_mpi_family_mismatch_is_refused_before_launch(tmp_path):
+    if "openmpi" not in FLAVOURS:
+        pytest.skip("needs host Open MPI")
+    fake = _fake_image(tmp_path / "img", "mpich", "libmpi.so.12")
+    result = run(["hpcai-launch", "-N", "2", "--mpi", "openmpi", "--container", str(fake),
+                  "--", *PROBE], image_env(), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "error: ABI mismatch" in result.stderr and "hint:" in result.stderr
+    assert "libmpi.so.40" in result.stderr and "libmpi.so.12" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["missing-image", "missing-mount-point", "no-runtime"])
+def test_container_preflight_errors(case, image, tmp_path):
+    env = image_env()
+    target = str(image)
+    if case == "missing-image":
+        target = str(tmp_path / "nope")
+    elif case == "missing-mount-point":
+        fake = _fake_image(tmp_path / "img", "openmpi", "libmpi.so.40")
+        shutil.rmtree(fake / "opt" / "hpcai" / "host")
+        target = str(fake)
+    else:
+        env["PATH"] = str(Path(shutil.which("hpcai-launch")).parent) + ":/usr/local/bin"
+    result = run(["hpcai-launch", "-N", "2", "--container", target, "--", *PROBE], env,
+                 cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and "hint: " in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_passes_with_host_mpi_and_fails_without(image, tmp_path):
+    report = tmp_path / "report.json"
+    good = run(["hpcai-launch", "validate", "--threshold", "0.3", "--json", str(report),
+                "--container", str(image), "-N", "2"], image_env(), cwd=tmp_path, timeout=300)
+    assert good.returncode == 0, good.stdout + good.stderr[-3000:]
+    assert "OK: 2 ranks" in good.stdout and "/opt/hpcai/host/lib/libmpi.so.40" in good.stdout
+    data = json.loads(report.read_text())
+    assert data["valid"] and len(data["container"]) == 2 and len(data["host"]) == 2
+    assert set(data["ratios"]) == {"bandwidth_GBps", "allreduce_GBps"}
+    bad = run(["hpcai-launch", "validate", "--repeat", "1", "--json", str(report),
+               "--container", str(image), "--no-bind-host-mpi", "-N", "2"], image_env(),
+              cwd=tmp_path, timeout=300)
+    assert bad.returncode == 1
+    assert "not the host MPI under /opt/hpcai/host" in bad.stdout
+    assert not json.loads(report.read_text())["valid"]
+
+
+def test_srun_starts_containerised_ranks_with_host_mpi(image, tmp_path):
+    from hpcai.slurm.localcluster import LocalCluster
+
+    if not shutil.which("slurmctld"):
+        pytest.skip("Slurm not installed")
+    with LocalCluster() as cluster:
+        env = image_env(**cluster.env)
+        result = subprocess.run(
+            ["srun", "--mpi=pmix", "--ntasks-per-node=2", "hpcai-launch", "--ranks-per-node",
+             "2", "--container", str(image), "--", *PROBE], env=env, cwd=tmp_path,
+            capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = load_ranks(tmp_path / "out")
+    assert_one_world(records, 2)
+    assert all(r["libraries"]["libmpi"][0].startswith(HOST_LIB) for r in records)
