@@ -33,6 +33,13 @@ from .tasks import make_task
 RECORD_VERSION = 1
 
 
+def _max_rss_mb() -> float:
+    """This process's peak resident set size so far (MiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def step_seed(seed: int, rank: int, epoch: int, step: int) -> int:
     """Per-rank, per-step RNG seed: a resumed run draws the very same noise."""
     return zlib.crc32(f"{seed}:{rank}:{epoch}:{step}".encode())
@@ -298,6 +305,7 @@ class Trainer:
             "allreduce": {"bytes_per_rank": sum(r.stats.bytes for r in self.reducers.values()),
                           "calls": sum(r.stats.allreduces for r in self.reducers.values()),
                           "overlap": cfg.overlap, "bucket_mb": cfg.bucket_mb},
+            "max_rss_mb_per_rank": round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1),
             "provenance": prov,
         }
         if self.rank == 0 and cfg.eval_samples > 0:
