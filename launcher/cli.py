@@ -3,6 +3,9 @@
 Usage:
   hpcai-launch [options] -- CMD [ARGS...]
   hpcai-launch validate --container IMG [options]   (site admins: which MPI is loaded?)
+  hpcai-launch sbatch [job options] -- train ...     (a Slurm job script; --submit)
+  hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
+  hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -28,6 +31,9 @@ import traceback
 
 from .errors import USAGE_EXIT, UserError
 from .plan import LAUNCHERS, MPI_CHOICES, Options, build_plan, gather_facts
+
+
+SUBCOMMANDS = {"validate": "validate", "sbatch": "sbatch", "sweep": "sweep", "report": "report"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv[: argv.index("--")] if "--" in argv else "-v" in argv
     loud = True
-    if argv[:1] == ["validate"]:
-        from .validate import main as validate_main
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        import importlib
+        module = importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__)
         try:
-            return validate_main(argv[1:])
+            return module.main(argv[1:])
         except UserError as exc:
+            if verbose:
+                traceback.print_exc()
             print(exc.render(), file=sys.stderr, flush=True)
             return USAGE_EXIT
     try:

@@ -43,11 +43,15 @@ if [ ! -x "$IMPI/bin/mpiexec.hydra" ]; then
   say "pip install impi-rt==$IMPI_VERSION into $IMPI"
   "${PIP[@]}" install --no-deps --prefix "$IMPI" "impi-rt==$IMPI_VERSION"
 fi
-if ! "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
-import os, sys, hpcai
-sys.exit(0 if os.path.dirname(os.path.dirname(hpcai.__file__)) == sys.argv[1] else 1)
+# Is this checkout the one installed? Asked from / so that the checkout's own hpcai/ folder
+# cannot answer for the installed package.
+if ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
+import os, sys
+import hpcai.launcher
+here = os.path.dirname(os.path.dirname(os.path.abspath(hpcai.launcher.__file__)))
+sys.exit(0 if here == sys.argv[1] else 1)
 PY
-then
+); then
   say "pip install -e $ROOT"
   "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
 fi

@@ -1,0 +1,234 @@
+"""Slurm batch scripts: a job spec (a value) rendered into a complete, readable script.
+
+``hpcai-launch sbatch [--nodes N --ranks-per-node R --threads-per-rank T --time …
+--container IMG --site FILE …] -- train …`` prints the script (``--dry-run``, the default),
+writes it (``--script FILE``) or submits it (``--submit``, prints the job id).
+
+The script asks Slurm for a warning signal before the time limit (``--signal=USR1@120``):
+srun delivers it to every rank, the training engine checkpoints and exits 75, and the same
+script submitted again resumes (``--resume`` is added to ``train`` commands). Ranks are
+started by ``srun --mpi=<PMI of the MPI> --ntasks-per-node R --cpus-per-task T
+--cpu-bind=cores`` or, where the site profile says so, ``mpiexec -n … -ppn R``; each runs
+``hpcai-launch`` as the per-rank wrapper, which places it on the compute node's real
+topology. Directives are sorted and every value is shell-quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import flavours
+from .errors import UserError
+from .site import SiteProfile
+
+DEFAULT_SIGNAL = "USR1@120"
+TRAIN_COMMANDS = ("train", "hpcai-train")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: tuple[str, ...]
+    nodes: int = 1
+    ranks_per_node: int = 1
+    threads_per_rank: int | None = None
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "hpcai"
+    output: str = "hpcai-%j.out"
+    signal: str = DEFAULT_SIGNAL
+    mpi: str = "auto"
+    container: str | None = None
+    runtime: str = "charliecloud"
+    site: SiteProfile | None = None
+    site_path: str | None = None
+    binds: tuple[str, ...] = ()
+    launcher: str = "srun"              # or "mpiexec" (site profile)
+    pmi: str | None = None
+    extra_directives: tuple[str, ...] = field(default=())
+    setup_lines: tuple[str, ...] = field(default=())   # e.g. "source /path/env.sh"
+
+
+def _threads(spec: JobSpec) -> int:
+    if spec.threads_per_rank is not None:
+        return spec.threads_per_rank
+    cores = spec.site.cores_per_node if spec.site and spec.site.cores_per_node else None
+    return max(cores // spec.ranks_per_node, 1) if cores else 1
+
+
+def check(spec: JobSpec) -> None:
+    """Numbers that cannot work, before anything is written or submitted."""
+    for name, value in (("--nodes", spec.nodes), ("--ranks-per-node", spec.ranks_per_node)):
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, got {value}", f"give {name} 1 or more")
+    threads = _threads(spec)
+    if threads < 1:
+        raise UserError(f"--threads-per-rank must be at least 1, got {threads}",
+                        "leave it out to use the cores of each rank's share")
+    cores = spec.site.cores_per_node if spec.site else None
+    if cores and spec.ranks_per_node * threads > cores:
+        raise UserError(
+            f"{spec.ranks_per_node} ranks x {threads} threads need "
+            f"{spec.ranks_per_node * threads} cores, but nodes of site "
+            f"{spec.site.name} have {cores}",
+            f"use at most {max(cores // spec.ranks_per_node, 1)} threads per rank, or fewer "
+            "ranks per node")
+    if not spec.command:
+        raise UserError("no command for the job", "put it after '--', e.g. -- train 3dgan")
+
+
+def _pmi(spec: JobSpec) -> str | None:
+    if spec.pmi:
+        return spec.pmi
+    if spec.site and spec.site.pmi:
+        return spec.site.pmi
+    if spec.mpi != "auto":
+        return flavours.get(spec.mpi).srun_mpi
+    return None
+
+
+def wrapper_argv(spec: JobSpec) -> list[str]:
+    """The per-rank hpcai-launch and the user's command (with --resume for training)."""
+    argv = ["hpcai-launch", "--ranks-per-node", str(spec.ranks_per_node)]
+    if spec.threads_per_rank is not None:
+        argv += ["--threads-per-rank", str(spec.threads_per_rank)]
+    if spec.mpi != "auto":
+        argv += ["--mpi", spec.mpi]
+    if spec.container:
+        argv += ["--container", spec.container, "--runtime", spec.runtime]
+        if spec.site_path:
+            argv += ["--site", spec.site_path]
+        for bind in spec.binds:
+            argv += ["--bind", bind]
+    command = list(spec.command)
+    is_train = Path(command[0]).name in TRAIN_COMMANDS or command[1:3] == ["-m", "hpcai.training"]
+    if is_train and "--resume" not in command:
+        command.append("--resume")
+    return [*argv, "--", *command]
+
+
+def launch_argv(spec: JobSpec) -> list[str]:
+    threads = _threads(spec)
+    if spec.launcher == "mpiexec":
+        return ["mpiexec", "-n", str(spec.nodes * spec.ranks_per_node), "-ppn",
+                str(spec.ranks_per_node), *wrapper_argv(spec)]
+    argv = ["srun"]
+    pmi = _pmi(spec)
+    if pmi:
+        argv.append(f"--mpi={pmi}")
+    argv += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ranks_per_node}",
+             f"--cpus-per-task={threads}", "--cpu-bind=cores", "--kill-on-bad-exit=1"]
+    return [*argv, *wrapper_argv(spec)]
+
+
+def directives(spec: JobSpec) -> list[str]:
+    values = {
+        "nodes": str(spec.nodes),
+        "ntasks-per-node": str(spec.ranks_per_node),
+        "cpus-per-task": str(_threads(spec)),
+        "time": spec.time,
+        "job-name": spec.job_name,
+        "output": spec.output,
+        "signal": spec.signal,
+    }
+    if spec.partition:
+        values["partition"] = spec.partition
+    if spec.account:
+        values["account"] = spec.account
+    lines = [f"#SBATCH --{key}={shlex.quote(value)}" for key, value in sorted(values.items())]
+    lines += [f"#SBATCH {shlex.quote(d)}" for d in sorted(spec.extra_directives)]
+    return lines
+
+
+def render(spec: JobSpec) -> str:
+    """The whole job script (pure)."""
+    check(spec)
+    lines = ["#!/bin/bash", *directives(spec), "",
+             "# Written by hpcai-launch sbatch. On the warning signal every rank checkpoints",
+             "# and exits 75; submit this script again to resume.",
+             "set -euo pipefail"]
+    lines += list(spec.setup_lines)
+    if spec.site:
+        lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(spec.site.env.items())]
+    lines += ["", shlex.join(launch_argv(spec)), ""]
+    return "\n".join(lines)
+
+
+def submit(script: Path, sbatch: str | None = None) -> str:
+    """``sbatch --parsable SCRIPT``; returns the job id."""
+    binary = sbatch or shutil.which("sbatch")
+    if not binary:
+        raise UserError("--submit, but sbatch is not on PATH",
+                        "load the Slurm module, or leave out --submit and copy the script")
+    result = subprocess.run([binary, "--parsable", str(script)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        raise UserError(f"sbatch failed (exit {result.returncode}): {result.stderr.strip()}",
+                        "check the partition, account and limits in the script")
+    return result.stdout.strip().split(";")[0]
+
+
+def add_job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--ranks-per-node", "-N", type=int, default=1)
+    p.add_argument("--threads-per-rank", "-t", type=int)
+    p.add_argument("--time", default="01:00:00")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--job-name", default="hpcai")
+    p.add_argument("--signal", default=DEFAULT_SIGNAL)
+    p.add_argument("--mpi", default="auto")
+    p.add_argument("--container")
+    p.add_argument("--runtime", default="charliecloud", choices=("charliecloud", "singularity"))
+    p.add_argument("--site")
+    p.add_argument("--bind", action="append", default=[])
+    p.add_argument("--setup", action="append", default=[],
+                   help="shell line to run before srun (e.g. 'source env.sh'); repeatable")
+
+
+def spec_from_args(ns: argparse.Namespace, command: list[str], **overrides) -> JobSpec:
+    site = SiteProfile.load(ns.site) if ns.site else None
+    launcher = site.mpi_launcher if site and site.mpi_launcher else "srun"
+    values = dict(command=tuple(command), nodes=ns.nodes, ranks_per_node=ns.ranks_per_node,
+                  threads_per_rank=ns.threads_per_rank, time=ns.time, partition=ns.partition,
+                  account=ns.account, job_name=ns.job_name, signal=ns.signal, mpi=ns.mpi,
+                  container=ns.container, runtime=ns.runtime, site=site, site_path=ns.site,
+                  binds=tuple(ns.bind), launcher=launcher, setup_lines=tuple(ns.setup))
+    values.update(overrides)
+    return JobSpec(**values)
+
+
+def main(argv: list[str]) -> int:
+    from .cli import _Parser
+
+    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    p = _Parser(prog="hpcai-launch sbatch", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_job_options(p)
+    p.add_argument("--output", default="hpcai-%j.out")
+    p.add_argument("--script", help="write the script here")
+    p.add_argument("--submit", action="store_true", help="submit it and print the job id")
+    p.add_argument("--dry-run", action="store_true", help="only print the script (default)")
+    ns = p.parse_args(head)
+    spec = spec_from_args(ns, command, output=ns.output)
+    text = render(spec)
+    if ns.submit and not shutil.which("sbatch"):
+        raise UserError("--submit, but sbatch is not on PATH",
+                        "load the Slurm module, or leave out --submit and copy the script")
+    if ns.script or ns.submit:
+        path = Path(ns.script or f"{spec.job_name}.sbatch")
+        path.write_text(text)
+        path.chmod(0o755)
+    if ns.submit and not ns.dry_run:
+        print(submit(path))
+        return 0
+    if not ns.script:
+        sys.stdout.write(text)
+    return 0
