@@ -1,0 +1,266 @@
+"""Scaling sweeps: one job per (nodes, ranks/node, threads) point, collected into one result set.
+
+    hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 [--threads-per-rank auto]
+                       [--repeat K] [--scaling weak|strong] [--results DIR]
+                       [--launcher slurm|mpirun --hosts h1,h2,…] [--no-wait] -- train 3dgan …
+
+Weak scaling (default): the per-rank batch stays as given, so the global batch grows with
+the ranks and, the epoch being fixed, time per epoch should fall linearly with nodes (the
+LRZ setup; the learning rate scales with the world size as the training engine does).
+Strong scaling (``--scaling strong``): the global batch stays at the given batch x the
+smallest point's ranks, the per-rank batch shrinks.
+
+Each point gets ``RESULTS/N{n}-R{r}-T{t}-rep{k}/`` with ``point.json`` (its parameters,
+job id, status) and the training's ``epochs.jsonl`` (``--out`` is set per point). Under
+Slurm every point is a batch job rendered by ``hpcai-launch sbatch``; ``--no-wait`` returns
+after submitting, ``hpcai-launch sweep --collect RESULTS`` (or ``report``) later collects.
+Without a scheduler (``--launcher mpirun --hosts …``) points run one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Point:
+    nodes: int
+    ranks_per_node: int
+    threads_per_rank: int
+    repeat: int
+    scaling: str
+    batch_size: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"N{self.nodes}-R{self.ranks_per_node}-T{self.threads_per_rank}-rep{self.repeat}"
+
+
+def parse_counts(text: str, what: str) -> list[int]:
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            value = int(item)
+        except ValueError:
+            raise UserError(f"{what} must be a list of whole numbers, got {text!r}",
+                            f"e.g. {what} 1,2,4") from None
+        if value < 1:
+            raise UserError(f"{what} must be positive, got {value} in {text!r}",
+                            f"e.g. {what} 1,2,4")
+        values.append(value)
+    return sorted(set(values))
+
+
+def _batch_of(command: list[str]) -> int | None:
+    if "--batch-size" in command:
+        return int(command[command.index("--batch-size") + 1])
+    return None
+
+
+def plan_points(nodes: list[int], ranks: list[int], threads: str, cores: int, repeat: int,
+                scaling: str, command: list[str]) -> list[Point]:
+    """Every point of the sweep (pure). ``threads`` is "auto" or a number."""
+    points = []
+    base_batch = _batch_of(command)
+    smallest = min(nodes) * min(ranks)
+    for r in ranks:
+        t = max(cores // r, 1) if threads == "auto" else int(threads)
+        if t < 1:
+            raise UserError(f"--threads-per-rank must be at least 1, got {t}",
+                            "or use --threads-per-rank auto")
+        if r * t > cores:
+            raise UserError(f"{r} ranks x {t} threads need {r * t} cores, but nodes have "
+                            f"{cores}", f"use --threads-per-rank auto, or at most "
+                            f"{max(cores // r, 1)} threads for {r} ranks per node")
+        for n in nodes:
+            batch = None
+            if scaling == "strong" and base_batch:
+                batch = max(base_batch * smallest // (n * r), 1)
+            for k in range(repeat):
+                points.append(Point(n, r, t, k, scaling, batch))
+    return points
+
+
+def point_command(command: list[str], point: Point, out: Path) -> list[str]:
+    cmd = list(command)
+    if point.batch_size is not None:
+        cmd[cmd.index("--batch-size") + 1] = str(point.batch_size)
+    if "--out" in cmd:
+        cmd[cmd.index("--out") + 1] = str(out)
+    else:
+        cmd += ["--out", str(out)]
+    return cmd
+
+
+def write_point(directory: Path, point: Point, **state) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = {**asdict(point), **state}
+    tmp = directory / ".point.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(directory / "point.json")
+
+
+def _status(directory: Path, expected_epochs: int | None) -> str:
+    epochs = directory / "epochs.jsonl"
+    if not epochs.exists():
+        return "failed"
+    lines = [line for line in epochs.read_text().splitlines() if line.strip()]
+    if expected_epochs and len(lines) < expected_epochs:
+        return "incomplete"
+    return "done"
+
+
+def _epochs_of(command: list[str]) -> int | None:
+    return int(command[command.index("--epochs") + 1]) if "--epochs" in command else None
+
+
+def _run_slurm(points, command, results: Path, ns, cores: int) -> dict[str, str]:
+    from . import sbatch as sb
+
+    if not shutil.which("sbatch"):
+        raise UserError("the sweep uses Slurm, but sbatch is not on PATH",
+                        "load Slurm, or run without a scheduler: --launcher mpirun --hosts …")
+    jobs: dict[str, str] = {}
+    for point in points:
+        directory = results / point.name
+        spec = sb.spec_from_args(ns, point_command(command, point, directory.resolve()),
+                                 nodes=point.nodes, ranks_per_node=point.ranks_per_node,
+                                 threads_per_rank=point.threads_per_rank,
+                                 job_name=f"hpcai-{point.name}",
+                                 output=str((directory / "slurm-%j.out").resolve()))
+        directory.mkdir(parents=True, exist_ok=True)
+        script = directory / "job.sbatch"
+        script.write_text(sb.render(spec))
+        job = sb.submit(script)
+        jobs[point.name] = job
+        write_point(directory, point, job_id=job, status="submitted")
+        print(f"submitted {point.name}: job {job}", flush=True)
+    return jobs
+
+
+def _wait_slurm(jobs: dict[str, str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(jobs.values())
+    while pending and time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(sorted(pending))],
+                             capture_output=True, text=True, timeout=60, check=False)
+        pending = {line.strip() for line in out.stdout.splitlines() if line.strip()}
+        if pending:
+            time.sleep(1.0)
+    if pending:
+        raise UserError(f"jobs {sorted(pending)} still queued or running after {timeout:.0f} s",
+                        "collect later with: hpcai-launch sweep --collect RESULTS")
+
+
+def _run_mpirun(points, command, results: Path, ns) -> None:
+    hosts = [h for h in (ns.hosts or "").split(",") if h]
+    for point in points:
+        if hosts and point.nodes > len(hosts):
+            raise UserError(f"point {point.name} needs {point.nodes} hosts, --hosts has "
+                            f"{len(hosts)}", "give more hosts or fewer nodes")
+    for point in points:
+        directory = results / point.name
+        write_point(directory, point, job_id=None, status="running")
+        argv = [sys.executable, "-m", "hpcai.launcher", "--launcher", "mpirun",
+                "--ranks-per-node", str(point.ranks_per_node),
+                "--threads-per-rank", str(point.threads_per_rank)]
+        if hosts:
+            argv += ["--hosts", ",".join(hosts[:point.nodes])]
+        elif point.nodes > 1:
+            raise UserError(f"point {point.name} needs {point.nodes} nodes",
+                            "give --hosts h1,h2,… for multi-node points without Slurm")
+        argv += ["--", *point_command(command, point, directory.resolve())]
+        with open(directory / "run.log", "w") as log:
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
+                                  check=False).returncode
+        status = _status(directory, _epochs_of(command)) if code == 0 else "failed"
+        write_point(directory, point, job_id=None, status=status, exit_code=code)
+        print(f"{point.name}: {status}", flush=True)
+
+
+def collect_status(results: Path, command_epochs: int | None = None) -> None:
+    """Refresh every point.json's status from what its run left behind."""
+    for point_file in sorted(results.glob("*/point.json")):
+        data = json.loads(point_file.read_text())
+        if data.get("status") in ("submitted", "running"):
+            data["status"] = _status(point_file.parent, command_epochs)
+            tmp = point_file.with_name(".point.json.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(point_file)
+
+
+def _cores(ns) -> int:
+    if ns.cores_per_node:
+        return ns.cores_per_node
+    if ns.site:
+        from .site import SiteProfile
+        site = SiteProfile.load(ns.site)
+        if site.cores_per_node:
+            return site.cores_per_node
+    from .topology import load
+    return len(load(ns.topology).cores)
+
+
+def main(argv: list[str]) -> int:
+    from . import sbatch as sb
+    from .cli import _Parser
+
+    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    p = _Parser(prog="hpcai-launch sweep", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sb.add_job_options(p)
+    p.set_defaults(nodes=None, ranks_per_node=None)
+    p.add_argument("--results", default="sweep-results")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--scaling", choices=("weak", "strong"), default="weak")
+    p.add_argument("--launcher", choices=("slurm", "mpirun"), default="slurm")
+    p.add_argument("--hosts")
+    p.add_argument("--cores-per-node", type=int)
+    p.add_argument("--topology")
+    p.add_argument("--no-wait", action="store_true")
+    p.add_argument("--wait-timeout", type=float, default=24 * 3600)
+    p.add_argument("--collect", action="store_true", help="only collect RESULTS and report")
+    # sb.add_job_options defines --nodes/--ranks-per-node as ints; the sweep takes lists
+    for action in p._actions:
+        if action.dest in ("nodes", "ranks_per_node", "threads_per_rank"):
+            action.type = str
+    ns = p.parse_args(head)
+    results = Path(ns.results)
+    if not ns.collect:
+        if not command:
+            raise UserError("no command to sweep", "put it after '--', e.g. -- train 3dgan")
+        nodes = parse_counts(ns.nodes or "1", "--nodes")
+        ranks = parse_counts(ns.ranks_per_node or "1", "--ranks-per-node")
+        threads = ns.threads_per_rank or "auto"
+        if threads != "auto" and not threads.lstrip("-").isdigit():
+            raise UserError(f"--threads-per-rank must be a number or auto, got {threads!r}",
+                            "e.g. --threads-per-rank auto")
+        if ns.repeat < 1:
+            raise UserError("--repeat must be at least 1", "e.g. --repeat 3")
+        points = plan_points(nodes, ranks, threads, _cores(ns), ns.repeat, ns.scaling, command)
+        results.mkdir(parents=True, exist_ok=True)
+        if ns.launcher == "slurm":
+            ns.threads_per_rank = None   # per point below
+            jobs = _run_slurm(points, command, results, ns, _cores(ns))
+            if ns.no_wait:
+                print(f"{len(jobs)} jobs submitted; collect with: hpcai-launch sweep --collect "
+                      f"--results {results}")
+                return 0
+            _wait_slurm(jobs, ns.wait_timeout)
+        else:
+            _run_mpirun(points, command, results, ns)
+    collect_status(results, _epochs_of(command) if command else None)
+    from .report import main as report_main
+    return report_main([str(results)])

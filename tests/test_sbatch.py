@@ -1,0 +1,117 @@
+"""Slurm job scripts: golden files per runtime and for the LRZ run, and bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import base_env, run
+from hpcai.launcher.errors import UserError
+from hpcai.launcher.sbatch import JobSpec, render
+from hpcai.launcher.site import SiteProfile
+from hpcai.launcher.sweep import parse_counts, plan_points
+
+GOLDEN = Path(__file__).parent / "golden"
+LRZ = Path(__file__).parent / "data" / "site-lrz.toml"
+TRAIN = ("train", "3dgan", "--data", "/hppfs/work/ecal", "--epochs", "2", "--batch-size", "16",
+         "--out", "/hppfs/work/run1")
+
+SPECS = {
+    "bare": JobSpec(command=TRAIN, nodes=4, ranks_per_node=2, threads_per_rank=12,
+                    time="02:00:00", partition="general", account="pn68xi", mpi="openmpi"),
+    "charliecloud": JobSpec(command=TRAIN, nodes=2, ranks_per_node=4, threads_per_rank=12,
+                            mpi="openmpi", container="/scratch/images/hpcai-bookworm",
+                            binds=("/hppfs/work",)),
+    "singularity": JobSpec(command=TRAIN, nodes=2, ranks_per_node=4, threads_per_rank=12,
+                           mpi="mpich", container="/scratch/images/hpcai.sif",
+                           runtime="singularity", partition="test",
+                           job_name="3dgan 'quoted' name"),
+    "lrz-768nodes": JobSpec(command=TRAIN, nodes=768, ranks_per_node=4, threads_per_rank=12,
+                            time="00:30:00", partition="general", account="pn68xi",
+                            mpi="intel", container="/hppfs/work/images/hpcai-bookworm",
+                            site=SiteProfile.load(LRZ), site_path="/lrz/sys/hpcai/lrz.toml",
+                            launcher="srun"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_job_script_matches_golden(name):
+    text = render(SPECS[name])
+    path = GOLDEN / f"sbatch-{name}.sh"
+    if os.environ.get("HPCAI_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_lrz_script_says_what_the_seed_run_did():
+    text = render(SPECS["lrz-768nodes"])
+    assert "#SBATCH --nodes=768\n" in text and "#SBATCH --ntasks-per-node=4\n" in text
+    assert "#SBATCH --cpus-per-task=12\n" in text and "#SBATCH --signal=USR1@120\n" in text
+    srun = text.strip().splitlines()[-1]
+    assert srun.startswith("srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=12")
+    assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in srun
+    assert "--mpi intel" in srun and srun.endswith("--resume")
+    assert "export FI_PROVIDER=psm2" in text
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert directives == sorted(directives)
+
+
+def test_values_are_quoted():
+    text = render(SPECS["singularity"])
+    assert "#SBATCH --job-name='3dgan '\"'\"'quoted'\"'\"' name'" in text
+
+
+def test_mpiexec_when_the_site_says_so():
+    site = SiteProfile.from_dict({"name": "hydra-site", "mpi_launcher": "mpiexec",
+                                  "cores_per_node": 8})
+    text = render(JobSpec(command=("train", "3dgan"), nodes=3, ranks_per_node=2, site=site,
+                          launcher="mpiexec"))
+    assert "mpiexec -n 6 -ppn 2 hpcai-launch --ranks-per-node 2 -- train 3dgan --resume" in text
+    assert "#SBATCH --cpus-per-task=4" in text   # 8 cores / 2 ranks
+
+
+@pytest.mark.parametrize("spec,match", [
+    (JobSpec(command=TRAIN, nodes=0), "--nodes"),
+    (JobSpec(command=TRAIN, ranks_per_node=-1), "--ranks-per-node"),
+    (JobSpec(command=TRAIN, ranks_per_node=4, threads_per_rank=13,
+             site=SiteProfile.load(LRZ)), "52 cores"),
+])
+def test_bad_job_specs(spec, match):
+    with pytest.raises(UserError, match=match):
+        render(spec)
+
+
+def test_sweep_points_and_bad_lists():
+    assert parse_counts("4,1,2,2", "--nodes") == [1, 2, 4]
+    for bad in ("1,0", "-2", "one"):
+        with pytest.raises(UserError):
+            parse_counts(bad, "--nodes")
+    points = plan_points([1, 2], [1, 2], "auto", 4, 2, "weak", list(TRAIN))
+    assert len(points) == 8 and {(p.ranks_per_node, p.threads_per_rank) for p in points} == \
+        {(1, 4), (2, 2)}
+    strong = plan_points([1, 2], [2], "1", 4, 1, "strong", list(TRAIN))
+    assert [p.batch_size for p in strong] == [16, 8]
+    with pytest.raises(UserError, match="cores"):
+        plan_points([1], [4], "2", 4, 1, "weak", list(TRAIN))
+
+
+def test_cli_bad_input_is_error_hint(tmp_path):
+    env = base_env()
+    cases = [
+        (["sweep", "--nodes", "0,1", "--", "train", "3dgan"], "--nodes must be positive"),
+        (["sweep", "--nodes", "1", "--ranks-per-node", "4", "--threads-per-rank", "2",
+          "--cores-per-node", "4", "--", "train", "3dgan"], "need 8 cores"),
+        (["sbatch", "--nodes", "-1", "--", "train", "3dgan"], "--nodes must be at least 1"),
+    ]
+    for args, fragment in cases:
+        result = run(["hpcai-launch", *args], env, cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith("error: ") and "hint: " in result.stderr
+        assert fragment in result.stderr, result.stderr
+    no_sbatch = dict(env, PATH=str(Path(env["PATH"].split(":")[0])))
+    result = run(["hpcai-launch", "sbatch", "--submit", "--", "train", "3dgan"], no_sbatch,
+                 cwd=tmp_path)
+    assert result.returncode == 2 and "sbatch is not on PATH" in result.stderr
+    assert not list(tmp_path.iterdir()), "nothing written when submission cannot work"
