@@ -13,7 +13,8 @@ smallest point's ranks, the per-rank batch shrinks.
 Each point gets ``RESULTS/N{n}-R{r}-T{t}-rep{k}/`` with ``point.json`` (its parameters,
 job id, status) and the training's ``epochs.jsonl`` (``--out`` is set per point). Under
 Slurm every point is a batch job rendered by ``hpcai-launch sbatch``; ``--no-wait`` returns
-after submitting, ``hpcai-launch sweep --collect RESULTS`` (or ``report``) later collects.
+after submitting, ``hpcai-launch sweep --collect --results RESULTS`` later refreshes each
+point's status and reports (``hpcai-launch report RESULTS`` only reads).
 Without a scheduler (``--launcher mpirun --hosts …``) points run one after another.
 """
 
