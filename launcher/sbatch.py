@@ -192,12 +192,26 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
                    help="shell line to run before srun (e.g. 'source env.sh'); repeatable")
 
 
+def detect_mpi(requested: str, site: SiteProfile | None) -> str:
+    """``--mpi auto`` at render time: the MPI whose launcher is on PATH here (its srun PMI
+    plugin goes into the script), unless the site profile names the PMI itself."""
+    if requested != "auto" or (site and site.pmi):
+        return requested
+    import os
+
+    try:
+        return flavours.resolve("auto", None, dict(os.environ)).flavour.name
+    except UserError:
+        return "auto"   # no MPI here: srun uses the site's default --mpi plugin
+
+
 def spec_from_args(ns: argparse.Namespace, command: list[str], **overrides) -> JobSpec:
     site = SiteProfile.load(ns.site) if ns.site else None
     launcher = site.mpi_launcher if site and site.mpi_launcher else "srun"
     values = dict(command=tuple(command), nodes=ns.nodes, ranks_per_node=ns.ranks_per_node,
                   threads_per_rank=ns.threads_per_rank, time=ns.time, partition=ns.partition,
-                  account=ns.account, job_name=ns.job_name, signal=ns.signal, mpi=ns.mpi,
+                  account=ns.account, job_name=ns.job_name, signal=ns.signal,
+                  mpi=detect_mpi(ns.mpi, site),
                   container=ns.container, runtime=ns.runtime, site=site, site_path=ns.site,
                   binds=tuple(ns.bind), launcher=launcher, setup_lines=tuple(ns.setup))
     values.update(overrides)
