@@ -51,6 +51,7 @@ class JobSpec:
     binds: tuple[str, ...] = ()
     launcher: str = "srun"              # or "mpiexec" (site profile)
     pmi: str | None = None
+    oversubscribe: bool = False         # passed to the per-rank hpcai-launch
     extra_directives: tuple[str, ...] = field(default=())
     setup_lines: tuple[str, ...] = field(default=())   # e.g. "source /path/env.sh"
 
@@ -100,6 +101,8 @@ def wrapper_argv(spec: JobSpec) -> list[str]:
         argv += ["--threads-per-rank", str(spec.threads_per_rank)]
     if spec.mpi != "auto":
         argv += ["--mpi", spec.mpi]
+    if spec.oversubscribe:
+        argv.append("--oversubscribe")
     if spec.container:
         argv += ["--container", spec.container, "--runtime", spec.runtime]
         if spec.site_path:
@@ -188,6 +191,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", default="charliecloud", choices=("charliecloud", "singularity"))
     p.add_argument("--site")
     p.add_argument("--bind", action="append", default=[])
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="let the per-rank hpcai-launch share cores (test clusters)")
     p.add_argument("--setup", action="append", default=[],
                    help="shell line to run before srun (e.g. 'source env.sh'); repeatable")
 
@@ -213,7 +218,8 @@ def spec_from_args(ns: argparse.Namespace, command: list[str], **overrides) -> J
                   account=ns.account, job_name=ns.job_name, signal=ns.signal,
                   mpi=detect_mpi(ns.mpi, site),
                   container=ns.container, runtime=ns.runtime, site=site, site_path=ns.site,
-                  binds=tuple(ns.bind), launcher=launcher, setup_lines=tuple(ns.setup))
+                  binds=tuple(ns.bind), launcher=launcher, setup_lines=tuple(ns.setup),
+                  oversubscribe=ns.oversubscribe)
     values.update(overrides)
     return JobSpec(**values)
 
