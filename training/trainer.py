@@ -315,8 +315,10 @@ class Trainer:
                 handle.write(json.dumps(record) + "\n")
             main_losses = " ".join(f"{k} {v:.4g}" for k, v in loss_means.items()
                                    if k in self.task.loss_keys)
-            main_losses += "".join(f" | {k} {v:.4g}" for k, v in record.get("eval", {}).items()
-                                   if k != "samples")
+            evaluated = " ".join(f"{k} {v:.4g}" for k, v in record.get("eval", {}).items()
+                                 if k != "samples")
+            if evaluated:
+                main_losses += f" | on {record['eval']['samples']} fixed samples: {evaluated}"
             print(f"epoch {epoch}: {wall_max:.2f} s (compute {record['compute_s']:.2f}, comm "
                   f"{record['comm_s']:.2f}, data {record['data_s']:.2f}), "
                   f"{record['samples_per_s']:.2f} samples/s, {record['gflops_total']:.1f} "
