@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -115,3 +116,21 @@ def test_cli_bad_input_is_error_hint(tmp_path):
                  cwd=tmp_path)
     assert result.returncode == 2 and "sbatch is not on PATH" in result.stderr
     assert not list(tmp_path.iterdir()), "nothing written when submission cannot work"
+
+
+def test_sweep_without_a_scheduler(tmp_path):
+    """--launcher mpirun: points run one after another on the given hosts, then the report."""
+    results = tmp_path / "results"
+    result = run(["hpcai-launch", "sweep", "--launcher", "mpirun", "--hosts", "localhost",
+                  "--nodes", "1", "--ranks-per-node", "1,2", "--threads-per-rank", "1",
+                  "--results", str(results), "--", "train", "resnet-tiny", "--image-size",
+                  "32", "--classes", "10", "--samples", "64", "--batch-size", "4",
+                  "--epochs", "2", "--peak-gflops", "50"], base_env(), cwd=tmp_path,
+                 timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for name in ("N1-R1-T1-rep0", "N1-R2-T1-rep0"):
+        meta = json.loads((results / name / "point.json").read_text())
+        assert meta["status"] == "done" and meta["exit_code"] == 0
+    rows = json.loads((results / "scaling.json").read_text())
+    assert (results / "scaling.png").exists() and (results / "scaling.md").exists()
+    assert "| 1 |" in result.stdout or rows
