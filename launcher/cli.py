@@ -6,6 +6,7 @@ Usage:
   hpcai-launch sbatch [job options] -- train ...     (a Slurm job script; --submit)
   hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
   hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
+  hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -33,7 +34,8 @@ from .errors import USAGE_EXIT, UserError
 from .plan import LAUNCHERS, MPI_CHOICES, Options, build_plan, gather_facts
 
 
-SUBCOMMANDS = {"validate": "validate", "sbatch": "sbatch", "sweep": "sweep", "report": "report"}
+SUBCOMMANDS = {"validate": ".validate", "sbatch": ".sbatch", "sweep": ".sweep",
+               "report": ".report", "export-onnx": "hpcai.training.export"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     loud = True
     if argv[:1] and argv[0] in SUBCOMMANDS:
         import importlib
-        module = importlib.import_module(f".{SUBCOMMANDS[argv[0]]}", __package__)
+        module = importlib.import_module(SUBCOMMANDS[argv[0]], __package__)
         try:
             return module.main(argv[1:])
         except UserError as exc:

@@ -1,0 +1,128 @@
+"""ONNX export of a trained model, validated against the framework.
+
+    hpcai-launch export-onnx OUT/checkpoints/ckpt-E0002-S000000.pt --model 3dgan [--out G.onnx]
+
+Loads a training checkpoint (PyTorch, written by ``train``), exports the 3DGAN generator or
+the ResNet with a dynamic batch axis (``torch.onnx.export(dynamo=True)``), then runs the same
+inputs - batches of 1 and 3 - through PyTorch and ONNX Runtime and compares the outputs:
+|onnx - torch| <= 1e-4 + 1e-4 x max|torch| per batch, else the export is deleted and the
+command fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hpcai.launcher.errors import UserError
+
+ATOL, RTOL = 1e-4, 1e-4
+MODELS = ("3dgan", "resnet50", "resnet-tiny")
+
+
+def load_checkpoint(path: Path) -> dict:
+    import torch
+
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist",
+                        "give a file from OUT/checkpoints/ of a training run")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - anything unreadable is the user's file
+        raise UserError(f"{path} is not a PyTorch checkpoint ({type(exc).__name__}: {exc})",
+                        "export-onnx reads checkpoints written by `train` (PyTorch); "
+                        "TensorFlow checkpoints are not supported here") from exc
+    if not isinstance(state, dict) or "modules" not in state or "model" not in state:
+        raise UserError(f"{path} is not an hpcai training checkpoint",
+                        "give a file from OUT/checkpoints/ of a `train` run")
+    return state
+
+
+def build(state: dict, model: str):
+    """The module to export and an example input, with the checkpoint's weights."""
+    import torch
+
+    from hpcai.models import gan3d, resnet
+
+    if state["model"] != model:
+        raise UserError(f"the checkpoint is of model {state['model']!r}, not {model!r}",
+                        f"use --model {state['model']}")
+    config = state.get("config", {})
+    if model == "3dgan":
+        net = gan3d.Generator()
+        net.load_state_dict(state["modules"]["generator"])
+        example = torch.randn(2, gan3d.LATENT)
+    else:
+        factory = resnet.resnet50 if model == "resnet50" else resnet.resnet_tiny
+        net = factory(num_classes=config.get("classes", 1000))
+        net.load_state_dict(state["modules"]["net"])
+        size = config.get("image_size", 224)
+        example = torch.randn(2, 3, size, size)
+    return net.eval().to(memory_format=torch.contiguous_format), example
+
+
+def export(net, example, out: Path) -> None:
+    import torch
+
+    batch = torch.export.Dim("batch", min=1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(net, (example,), str(out), dynamic_shapes=({0: batch},), dynamo=True,
+                      external_data=False, verbose=False)   # one self-contained file
+
+
+def compare(net, example, out: Path) -> dict:
+    """Run batches of 1 and 3 through torch and ONNX Runtime; the worst differences."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    report = {"atol": ATOL, "rtol": RTOL, "batches": []}
+    generator = torch.Generator().manual_seed(7)
+    for n in (1, 3):
+        x = torch.randn((n, *example.shape[1:]), generator=generator)
+        with torch.no_grad():
+            expected = net(x).numpy()
+        got = session.run(None, {name: x.numpy()})[0]
+        diff = float(np.max(np.abs(got - expected)))
+        bound = ATOL + RTOL * float(np.max(np.abs(expected)))
+        report["batches"].append({"batch": n, "shape": list(got.shape), "max_abs_diff": diff,
+                                  "bound": bound, "ok": got.shape == expected.shape
+                                  and diff <= bound})
+    report["ok"] = all(b["ok"] for b in report["batches"])
+    return report
+
+
+def main(argv: list[str]) -> int:
+    from hpcai.launcher.cli import _Parser
+
+    p = _Parser(prog="hpcai-launch export-onnx", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("--model", choices=MODELS, required=True)
+    p.add_argument("--out", help="ONNX file (default: next to the checkpoint)")
+    ns = p.parse_args(argv)
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"onnxruntime cannot be imported ({exc})",
+                        "pip install onnx onnxruntime onnxscript (see requirements.txt)") from exc
+    path = Path(ns.checkpoint)
+    state = load_checkpoint(path)
+    net, example = build(state, ns.model)
+    out = Path(ns.out) if ns.out else path.with_suffix(f".{ns.model}.onnx")
+    export(net, example, out)
+    report = compare(net, example, out)
+    for b in report["batches"]:
+        print(f"batch {b['batch']}: output {b['shape']}, max |onnx - torch| "
+              f"{b['max_abs_diff']:.3g} (bound {b['bound']:.3g}) {'OK' if b['ok'] else 'FAIL'}")
+    if not report["ok"]:
+        out.unlink(missing_ok=True)
+        print("error: ONNX Runtime disagrees with PyTorch; export removed", file=sys.stderr)
+        return 1
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {out} (dynamic batch axis), validated with onnxruntime")
+    return 0
