@@ -61,6 +61,9 @@ def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> None:
     """Replace this process with the planned command (never returns on success)."""
     make_compat_links(plan.compat_links)
     if plan.mode == "rank":
+        if plan.rank is not None and plan.rank.rank == 0:
+            for warning in plan.warnings:
+                os.write(sys.stderr.fileno(), f"warning: {warning}\n".encode())
         _, after, how = apply_binding(plan.bind_cpus)
         line, ok = binding_report(plan, after, how)
         if report_bindings or not ok:

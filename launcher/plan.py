@@ -103,6 +103,7 @@ class LaunchPlan:
     compat_links: tuple[tuple[str, str], ...] = ()  # (link, target) to create first
     notes: tuple[str, ...] = field(default=())
     container: ContainerFacts | None = None
+    warnings: tuple[str, ...] = ()         # said by rank 0 when the plan is carried out
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -129,6 +130,7 @@ class LaunchPlan:
             "compat_links": [list(x) for x in self.compat_links],
             "container": self.container.to_dict() if self.container else None,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }
         return data
 
@@ -167,6 +169,7 @@ class LaunchPlan:
         lines.append("argv:")
         lines.append("  " + " ".join(_quote(a) for a in self.argv))
         lines.extend(f"note:      {n}" for n in self.notes)
+        lines.extend(f"warning:   {w}" for w in self.warnings)
         return "\n".join(lines)
 
 
@@ -407,19 +410,21 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
         lib_env, links, lib_notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
         env.update(lib_env)
         notes += lib_notes
-    mpi_type = facts.env.get("SLURM_MPI_TYPE")
-    if info.started_by == "slurm" and info.size > 1 and mpi_type in ("none", ""):
-        notes.append("srun started the ranks without a PMI plugin (--mpi=none): MPI programs "
-                     "will each see a world of size 1; use srun --mpi=pmix (Open MPI) or "
-                     "--mpi=pmi2 (MPICH, Intel MPI)")
+    warnings: list[str] = []
+    has_pmi = any(key in facts.env for key in ("PMIX_RANK", "PMI_RANK", "PMI_FD"))
+    if info.started_by == "slurm" and info.size > 1 and not has_pmi:
+        warnings.append("srun started the ranks without a PMI plugin (--mpi=none): MPI "
+                        "programs will each see a world of size 1; use srun --mpi=pmix "
+                        "(Open MPI) or --mpi=pmi2 (MPICH, Intel MPI)")
     synthetic = facts.topology.source != "sysfs"
     if synthetic:
         notes.append(f"topology {facts.topology.source} is not this machine: not binding")
-    return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()), placement=placement, ranks=(entry,),
+    return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()),
+                      placement=placement, ranks=(entry,),
                       topology=facts.topology.describe(), rank=info,
                       bind_cpus=None if synthetic else placement.slot(info.local_rank).cpus,
                       mpi=facts.mpi, compat_links=links, notes=tuple(notes),
-                      container=facts.container)
+                      container=facts.container, warnings=tuple(warnings))
 
 
 def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError:

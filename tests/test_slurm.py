@@ -298,3 +298,11 @@ def test_fake_nodes_openmpi_pmix(fake_nodes, tmp_path):
     # Both "nodes" are this machine: CPU sets repeat across nodes, never within one.
     check_disjoint_per_node(recs)
     assert {r["env"]["MASTER_ADDR"] for r in recs.values()} == {"127.0.0.1"}
+
+
+def test_srun_without_pmi_is_warned_about(real_node):
+    """srun --mpi=none gives N singleton worlds: rank 0 says so before running the program."""
+    result = run(real_node, ["srun", "--mpi=none", "--ntasks-per-node=2", "hpcai-launch",
+                             "--ranks-per-node", "2", "--", "true"])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("warning: srun started the ranks without a PMI plugin") == 1
