@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import loopback_env
+
 TRIALS = 15
 TARGET = 0.9
 
@@ -68,8 +70,7 @@ def _as_rank() -> int:
 def main() -> int:
     if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
         return _as_rank()
-    env = dict(os.environ, OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",
-               UCX_NET_DEVICES="lo")
+    env = loopback_env()
     out = subprocess.run(["hpcai-launch", "-N", "2", "--", sys.executable, __file__],
                          env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:

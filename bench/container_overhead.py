@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import loopback_env
+
 DEFAULT_IMAGE = Path.home() / ".cache" / "hpcai" / "images" / "hpcai-bookworm"
 
 
@@ -29,8 +31,7 @@ def one_run(container: str | None, data: Path, out: Path, steps: int, python: st
     argv += ["--", python, "-m", "hpcai.training", "3dgan", "--data", os.path.relpath(data),
              "--epochs", "2", "--max-steps", str(steps), "--batch-size", "8",
              "--eval-samples", "0", "--peak-gflops", "90", "--out", os.path.relpath(out)]
-    env = dict(os.environ, OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",
-               UCX_NET_DEVICES="lo", USER=os.environ.get("USER", "root"))
+    env = loopback_env(USER=os.environ.get("USER", "root"))
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}\n{result.stderr[-3000:]}")

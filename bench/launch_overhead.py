@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -21,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import loopback_env
 
 ALIVE = ("import os, sys, time; "
          "r = os.environ.get('OMPI_COMM_WORLD_RANK', os.environ.get('PMI_RANK', '0')); "
@@ -48,8 +49,7 @@ def main() -> int:
         print("error: needs mpirun.openmpi and hpcai-launch on PATH\n"
               "hint: run ./setup.sh, then source scripts/env.sh", file=sys.stderr)
         return 2
-    env = dict(os.environ, OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",
-               UCX_NET_DEVICES="lo")
+    env = loopback_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         program = [sys.executable, "-c", ALIVE, str(out)]

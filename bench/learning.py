@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from common import loopback_env
 
 
 def main() -> int:
@@ -26,8 +27,7 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--json", default="bench/results/learning.json")
     args = parser.parse_args()
-    env = dict(os.environ, OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",
-               UCX_NET_DEVICES="lo")
+    env = loopback_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         argv = ["hpcai-launch", "-N", "2", "--", "train", "3dgan", "--generate",

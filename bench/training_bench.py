@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from common import loopback_env
 
 BATCH = {"resnet50": 8, "3dgan": 8}
 EXTRA = {"resnet50": ["--samples", "512"], "3dgan": ["--generate", "1024"]}
@@ -44,8 +45,7 @@ def run_config(model: str, ranks: int, threads: int, comm: str, overlap: bool, s
             "--data", str(_gan_data(workdir))]
     if not overlap:
         argv.append("--no-overlap")
-    env = dict(os.environ, OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo",
-               UCX_NET_DEVICES="lo")
+    env = loopback_env()
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stderr[-3000:]}")

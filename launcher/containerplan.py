@@ -60,7 +60,7 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     preflight.check_image(image, HOST_MOUNT)
     info = preflight.read_image(image)
     checks.append(f"image {image}: {info.kind}, MPI {info.mpi_family or 'none'} "
-                  f"({info.mpi_soname or '-'}), glibc {_v(info.glibc)}")
+                  f"({info.mpi_soname or '-'}), glibc {preflight.format_version(info.glibc)}")
     site = SiteProfile.load(site_path) if site_path else SiteProfile.from_env(env)
     if host_libs:                       # the outer hpcai-launch staged them already
         if not Path(host_libs).is_dir():
@@ -84,12 +84,12 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     else:
         preflight.check_abi(host, info.mpi_family, info.mpi_soname)
         checks.append(f"ABI: host {host.family} = image {info.mpi_family or 'none'}")
-    search = _search_dirs(host, env, site)
+    search = _search_dirs(env)
     libs = hostlibs.collect(host, search, set(info.sonames), site)
     if info.glibc:
         preflight.check_glibc(libs, info.glibc)
         checks.append(f"glibc: {len(libs)} bound libraries need at most the image's "
-                      f"{_v(info.glibc)}")
+                      f"{preflight.format_version(info.glibc)}")
     if srun_pmi and not in_rank:
         preflight.check_pmi(srun_pmi, preflight.srun_mpi_list())
         checks.append(f"srun --mpi={srun_pmi} available")
@@ -98,21 +98,10 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
                           tuple(checks))
 
 
-def _v(version) -> str:
-    return ".".join(map(str, version)) if version else "unknown"
-
-
-def _search_dirs(host, env: dict[str, str], site: SiteProfile | None) -> list[str]:
-    dirs = [host.libdir]
-    dirs += [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
-    if site:
-        dirs += list(site.search_dirs)
-    dirs += ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
-    seen: list[str] = []
-    for d in dirs:
-        if d not in seen:
-            seen.append(d)
-    return seen
+def _search_dirs(env: dict[str, str]) -> list[str]:
+    """Beyond what ``hostlibs.collect`` adds itself (the MPI's libdir, the site's dirs)."""
+    return [*(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d),
+            "/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
 
 
 def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,

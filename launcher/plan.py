@@ -477,6 +477,8 @@ def gather_facts(options: Options, env: dict[str, str] | None = None) -> Facts:
             found = flavours.find_launcher(None, env)
             mpi = flavours.resolve("auto", found, env) if found else None
         port = _free_port(socket)
+    cache_dir = env.get("HPCAI_CACHE", os.path.join(
+        env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai"))
     container = None
     if options.container and options.runtime != "none":
         from . import containerplan
@@ -489,14 +491,12 @@ def gather_facts(options: Options, env: dict[str, str] | None = None) -> Facts:
             bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
             site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
             family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
-            srun_pmi=srun_pmi, cache_dir=env.get("HPCAI_CACHE", os.path.join(
-                env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai")),
+            srun_pmi=srun_pmi, cache_dir=cache_dir,
             in_rank=info is not None)
     return Facts(env=env, topology=topo, hostname=socket.gethostname(),
                  self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
                  uid=os.getuid(), ppid=os.getppid(), free_port=port, mpi=mpi,
-                 cache_dir=env.get("HPCAI_CACHE", os.path.join(
-                     env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai")),
+                 cache_dir=cache_dir,
                  rank=info, container=container, cwd=os.getcwd())
 
 

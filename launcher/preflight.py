@@ -40,7 +40,7 @@ _FAMILY_SONAMES = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12 / libmpich.
                    "mpiabi": "libmpi_abi.so"}
 
 
-def _v(version: tuple[int, int] | None) -> str:
+def format_version(version: tuple[int, int] | None) -> str:
     return ".".join(map(str, version)) if version else "unknown"
 
 
@@ -157,7 +157,7 @@ class ImageInfo:
 
     def to_dict(self) -> dict:
         return {"path": self.path, "kind": self.kind, "mpi_family": self.mpi_family,
-                "mpi_soname": self.mpi_soname, "glibc": _v(self.glibc),
+                "mpi_soname": self.mpi_soname, "glibc": format_version(self.glibc),
                 "libraries": len(self.sonames), "how": self.how}
 
 
@@ -320,9 +320,9 @@ def check_glibc(libs, image_glibc: tuple[int, int]) -> None:
     needed, lib = too_new[0]
     others = f" (and {len(too_new) - 1} more)" if len(too_new) > 1 else ""
     raise UserError(
-        f"host library {lib.name} ({lib.path}) needs GLIBC_{_v(needed)} but the image has "
-        f"glibc {_v(tuple(image_glibc))}{others}",
-        f"rebuild the image on a newer base (glibc >= {_v(needed)}), or bind fewer "
+        f"host library {lib.name} ({lib.path}) needs GLIBC_{format_version(needed)} but the image has "
+        f"glibc {format_version(tuple(image_glibc))}{others}",
+        f"rebuild the image on a newer base (glibc >= {format_version(needed)}), or bind fewer "
         "libraries (--no-bind-host-mpi, or drop them from the site profile)")
 
 
