@@ -216,20 +216,6 @@ def test_gloo_baseline_trains_and_says_so(tmp_path):
     assert record["grad_sync_s"] > 0
 
 
-def test_horovod_missing_is_a_user_error(tmp_path):
-    pytest.importorskip("mpi4py")
-    try:
-        import horovod.torch  # noqa: F401
-        pytest.skip("Horovod is installed here")
-    except ImportError:
-        pass
-    out = tmp_path / "run"
-    result = train(2, *TINY, "--comm", "horovod", "--out", str(out))
-    assert result.returncode == 2
-    assert "error: --comm horovod" in result.stderr and "hint:" in result.stderr
-    assert not out.exists()
-
-
 def test_initial_weights_are_broadcast_and_proven_identical(tmp_path):
     script = tmp_path / "init.py"
     script.write_text(

@@ -7,6 +7,7 @@ written: the data directory and its HDF5 layout, the output directory, the comm 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ from hpcai.launcher.errors import UserError
 
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
 COMMS = ("mpi", "gloo", "horovod")
+FRAMEWORKS = ("pytorch", "tensorflow")
+TF_MODELS = ("3dgan", "resnet50")
 
 DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
     "3dgan": (16, 1e-3, "adam"),
@@ -39,6 +42,7 @@ class TrainConfig:
     image_size: int = 224
     classes: int = 1000
     comm: str = "mpi"
+    framework: str = "pytorch"
     bucket_mb: float = 4.0
     overlap: bool = True
     verify_every: int = 50
@@ -86,7 +90,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=256, help="synthetic images (resnet)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
-    p.add_argument("--comm", choices=COMMS, default="mpi")
+    p.add_argument("--comm", choices=COMMS, default="mpi",
+                   help="gradient allreduce: mpi (hpcai's fused buckets over mpi4py), gloo "
+                        "(torch.distributed, PyTorch only) or horovod (if built)")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
+                   help="tensorflow: the Keras 3 models, trained by the same engine")
     p.add_argument("--bucket-mb", type=float, default=4.0, help="allreduce fusion bucket")
     p.add_argument("--no-overlap", action="store_true",
                    help="blocking allreduce after backward instead of overlapping it")
@@ -118,6 +126,7 @@ def parse(argv: list[str]) -> TrainConfig:
         lr=ns.lr or lr, lr_scaling=ns.lr_scaling, warmup_epochs=ns.warmup_epochs,
         optimizer=ns.optimizer or opt, data=ns.data, generate_events=ns.generate,
         samples=ns.samples, image_size=ns.image_size, classes=ns.classes, comm=ns.comm,
+        framework=ns.framework,
         bucket_mb=ns.bucket_mb, overlap=not ns.no_overlap, verify_every=ns.verify_every,
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
         seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
@@ -163,11 +172,32 @@ def check_output_dir(out: Path) -> None:
                         "choose a writable --out, e.g. on $SCRATCH or $HOME")
 
 
-def check_comm(comm: str) -> None:
+def check_framework(cfg: TrainConfig) -> None:
+    """TensorFlow and Keras 3 import, and the model exists in Keras (before MPI starts)."""
+    if cfg.framework != "tensorflow":
+        return
+    import importlib.util
+
+    missing = [m for m in ("tensorflow", "keras") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"--framework tensorflow, but {' and '.join(missing)} cannot be "
+                        "imported in this Python",
+                        "pip install -r requirements.txt (tensorflow-cpu and keras), or use "
+                        "--framework pytorch (the default)")
+    if cfg.model not in TF_MODELS:
+        raise UserError(f"{cfg.model} has no TensorFlow version",
+                        f"use --framework pytorch, or one of {', '.join(TF_MODELS)}")
+    if cfg.comm == "gloo":
+        raise UserError("--comm gloo is torch.distributed's backend and cannot average "
+                        "TensorFlow gradients", "use --comm mpi (the default) or horovod")
+
+
+def check_comm(comm: str, framework: str = "pytorch") -> None:
     if comm == "horovod":
+        module = "horovod.tensorflow" if framework == "tensorflow" else "horovod.torch"
         try:
-            import horovod.torch  # noqa: F401
-        except ImportError as exc:
-            raise UserError(f"--comm horovod, but Horovod cannot be imported ({exc})",
-                            "use --comm mpi (the default), or build Horovod (see README)"
-                            ) from exc
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build's errors
+            raise UserError(f"--comm horovod, but {module} cannot be imported ({exc})",
+                            "use --comm mpi (the default), or build Horovod with "
+                            "scripts/build-horovod.sh (see README)") from exc

@@ -37,6 +37,11 @@ def load_checkpoint(path: Path) -> dict:
     if not isinstance(state, dict) or "modules" not in state or "model" not in state:
         raise UserError(f"{path} is not an hpcai training checkpoint",
                         "give a file from OUT/checkpoints/ of a `train` run")
+    if state.get("framework", "pytorch") != "pytorch":
+        raise UserError(f"{path} was written by `train --framework {state['framework']}`; "
+                        "export-onnx exports the PyTorch models",
+                        "train with --framework pytorch (the default) and export that "
+                        "checkpoint; for Keras models use tf2onnx on a saved Keras model")
     return state
 
 

@@ -15,7 +15,7 @@ import sys
 
 from hpcai.launcher.errors import UserError
 
-from .config import TrainConfig, check_comm, check_output_dir
+from .config import TrainConfig, check_comm, check_framework, check_output_dir
 
 
 def _rank_from_env() -> int:
@@ -35,7 +35,8 @@ def report_before_mpi(exc: UserError) -> int:
 def preflight(cfg: TrainConfig):
     """Every check that can fail on bad input, before MPI and before writing anything."""
     check_output_dir(cfg.out_dir)
-    check_comm(cfg.comm)
+    check_framework(cfg)
+    check_comm(cfg.comm, cfg.framework)
     if cfg.model != "3dgan":
         return None
     from .gan_data import find_files, validate
@@ -54,12 +55,17 @@ def run(cfg: TrainConfig) -> int:
         index = preflight(cfg)
     except UserError as exc:
         return report_before_mpi(exc)
-    _set_threads()
+    if cfg.framework == "tensorflow":
+        from .tf_trainer import TfTrainer as Trainer, set_tf_threads
+
+        set_tf_threads()
+    else:
+        from .trainer import Trainer
+
+        _set_threads()
     from mpi4py import MPI
 
     from .faults import abort_on_error
-
-    from .trainer import Trainer
 
     comm = MPI.COMM_WORLD
     with abort_on_error(comm):

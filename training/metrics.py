@@ -71,7 +71,19 @@ def git_revision() -> str:
     return rev + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def provenance(comm, *, comm_backend: str, threads: int) -> dict:
+def comm_version(comm_backend: str) -> str:
+    """Version of the library that carries the gradient allreduce."""
+    import importlib
+
+    module = {"mpi": "mpi4py", "horovod": "horovod", "gloo": "torch"}.get(comm_backend)
+    try:
+        return f"{module} {importlib.import_module(module).__version__}"
+    except (ImportError, AttributeError, TypeError):
+        return "unknown"
+
+
+def provenance(comm, *, comm_backend: str, threads: int, framework: str = "pytorch",
+               framework_version: str = torch.__version__) -> dict:
     """Who ran this: world, placement, MPI library, hosts, code revision (collective)."""
     from mpi4py import MPI
 
@@ -82,8 +94,11 @@ def provenance(comm, *, comm_backend: str, threads: int) -> dict:
         max(hosts.count(h) for h in hosts),
         "threads_per_rank": threads,
         "cpus_rank0": os.environ.get("HPCAI_CPUS"),
+        "framework": framework,
+        "framework_version": framework_version,
         "comm": comm_backend,
-        "mpi_library_version": MPI.Get_library_version().strip().splitlines()[0],
+        "comm_version": comm_version(comm_backend),
+        "mpi_library_version": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "libmpi": libmpi_path(),
         "hosts": sorted(set(hosts)),
         "git_revision": git_revision(),

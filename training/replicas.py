@@ -61,16 +61,23 @@ def verify(modules, comm, *, exact: bool, rtol: float = 1e-5, what: str = "weigh
     """
     if comm.Get_size() == 1:
         return
+    mine = exact_fingerprint(modules) if exact else sum_fingerprint(modules, buffers)
+    compare_fingerprints(comm, mine, exact=exact, rtol=rtol, what=what)
+
+
+def compare_fingerprints(comm, mine, *, exact: bool, rtol: float = 1e-5,
+                         what: str = "weights") -> None:
+    """Raise ReplicaDivergence unless every rank's fingerprint matches rank 0's: a CRC
+    exactly (``exact``), or per-tensor sums within ``rtol`` (framework independent)."""
     if exact:
-        prints = comm.allgather(exact_fingerprint(modules))
+        prints = comm.allgather(mine)
         differ = [r for r, f in enumerate(prints) if f != prints[0]]
         if differ:
             raise ReplicaDivergence(
                 f"{what} differ between ranks after broadcast: ranks {differ} do not match "
                 f"rank 0 (CRC32 {prints})")
         return
-    mine = sum_fingerprint(modules, buffers)
-    allprints = comm.allgather(mine)
+    allprints = comm.allgather(np.asarray(mine))
     ref = allprints[0]
     scale = np.maximum(np.abs(ref), 1e-3)
     differ = [r for r, f in enumerate(allprints)

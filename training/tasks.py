@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hpcai.models import gan3d, resnet
 
 from .config import TrainConfig
-from .metrics import count_flops
+from .metrics import FLOP_CONVENTION, count_flops
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -51,6 +51,7 @@ class GanTask:
     """CERN's 3DGAN: D real, D fake, G, G per iteration (spec: ../shared/spec/3dgan.md)."""
 
     name = "3dgan"
+    flop_convention = FLOP_CONVENTION
     loss_keys = ("d_real", "d_fake", "g", "d_real_aux", "g1_aux", "g1_ecal")
 
     def __init__(self, cfg: TrainConfig, lr: float) -> None:
@@ -117,6 +118,7 @@ class ResNetTask:
     """ResNet-50 (or a tiny ResNet for tests) on image batches, cross-entropy, SGD."""
 
     loss_keys = ("loss", "accuracy")
+    flop_convention = FLOP_CONVENTION
 
     def __init__(self, cfg: TrainConfig, lr: float) -> None:
         torch.manual_seed(cfg.seed)

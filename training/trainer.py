@@ -25,7 +25,7 @@ from .allreduce import GradAllreducer, HorovodTransport, MpiTransport, TorchDist
 from .config import TrainConfig
 from .faults import EXIT_PREEMPTED, Preemption
 from .gan_data import BatchStream, EpochSharder, ShowerReader, SyntheticImages, find_files, validate
-from .metrics import FLOP_CONVENTION, gemm_peak_gflops, provenance
+from .metrics import gemm_peak_gflops, provenance
 from .replicas import broadcast_state, verify
 from .showers import generate
 from .tasks import make_task
@@ -49,11 +49,11 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, comm, index) -> None:
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
-        self.threads = torch.get_num_threads()
+        self.threads = self._threads()
         self.data, self.sharder = self._data(index)
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
-        self.task = make_task(cfg, self.target_lr)
+        self.task = self._make_task()
         self.transport, self.reducers = self._comm()
         self.preemption = Preemption().install()
         self.global_step = 0
@@ -64,6 +64,43 @@ class Trainer:
             raise UserError(
                 f"{len(self.data)} samples are too few for one step of {cfg.batch_size} x "
                 f"{self.world} ranks", "generate more data or lower --batch-size")
+
+    # -- framework hooks (PyTorch here; tf_trainer.TfTrainer overrides them) ---------------
+    framework = "pytorch"
+
+    def _threads(self) -> int:
+        return torch.get_num_threads()
+
+    def _make_task(self):
+        return make_task(self.cfg, self.target_lr)
+
+    def _broadcast(self) -> None:
+        broadcast_state(list(self.task.modules.values()), self.comm)
+
+    def _apply_lr(self, lr: float) -> None:
+        for opt in self.task.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def _task_state(self) -> dict:
+        return {"modules": {k: m.state_dict() for k, m in self.task.modules.items()},
+                "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()}}
+
+    def _load_task_state(self, state: dict) -> None:
+        for key, module in self.task.modules.items():
+            module.load_state_dict(state["modules"][key])
+        for key, opt in self.task.optimizers.items():
+            opt.load_state_dict(state["optimizers"][key])
+
+    def _step_rng(self, seed: int):
+        torch.manual_seed(seed)   # dropout draws from the global generator
+        return torch.Generator().manual_seed(seed)
+
+    def _gemm_probe(self) -> tuple[float, str]:
+        return gemm_peak_gflops(), "fp32 GEMM 2048^3 (torch.mm)"
+
+    def _versions(self) -> dict:
+        return {"framework": self.framework, "framework_version": torch.__version__}
 
     # -- set-up ---------------------------------------------------------------------------
     def _data(self, index):
@@ -127,20 +164,17 @@ class Trainer:
         done = epoch * self.steps + step
         if warm_steps > 0 and done < warm_steps:
             lr = self.base_lr + (self.target_lr - self.base_lr) * done / warm_steps
-        for opt in self.task.optimizers.values():
-            for group in opt.param_groups:
-                group["lr"] = lr
+        self._apply_lr(lr)
         return lr
 
     def _state(self, epoch: int, step: int) -> dict:
         return {
             "version": RECORD_VERSION,
-            "model": self.cfg.model,
+            "model": self.cfg.model, "framework": self.framework,
             "epoch": epoch, "step": step, "global_step": self.global_step,
             "world_size": self.world, "batch_size": self.cfg.batch_size,
             "steps_per_epoch": self.steps, "config": self.cfg.to_dict(),
-            "modules": {k: m.state_dict() for k, m in self.task.modules.items()},
-            "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
+            **self._task_state(),
         }
 
     def _save(self, epoch: int, step: int) -> Path | None:
@@ -159,6 +193,10 @@ class Trainer:
                       "starting from scratch", flush=True)
             return
         path, state = found
+        framework = state.get("framework", "pytorch")
+        if framework != self.framework:
+            raise UserError(f"checkpoint {path} was written by {framework}, this run is "
+                            f"{self.framework}", "resume with the same --framework, or a new --out")
         if state.get("model") != self.cfg.model:
             raise UserError(f"checkpoint {path} is for {state.get('model')}, not "
                             f"{self.cfg.model}", "resume with the same model, or a new --out")
@@ -168,10 +206,7 @@ class Trainer:
                 f"{state['batch_size']}, this run is {self.world} x {self.cfg.batch_size}",
                 "resume with the same number of ranks and --batch-size (the data order "
                 "depends on both)")
-        for key, module in self.task.modules.items():
-            module.load_state_dict(state["modules"][key])
-        for key, opt in self.task.optimizers.items():
-            opt.load_state_dict(state["optimizers"][key])
+        self._load_task_state(state)
         self.start_epoch, self.start_step = state["epoch"], state["step"]
         self.global_step = state["global_step"]
         if self.start_step >= self.steps:
@@ -185,10 +220,10 @@ class Trainer:
         if self.cfg.peak_gflops > 0:
             return {"gflops_per_rank": self.cfg.peak_gflops, "source": "--peak-gflops"}
         self.comm.Barrier()   # all ranks probe at once: the same contention as training
-        mine = gemm_peak_gflops()
+        mine, probe = self._gemm_probe()
         best = self.comm.allreduce(mine, op=MPI.MAX)
         return {"gflops_per_rank": round(best, 2),
-                "source": f"measured: fp32 GEMM 2048^3, best of 8, {self.threads} thread(s) "
+                "source": f"measured: {probe}, best of 8, {self.threads} thread(s) "
                           "per rank, all ranks at once, maximum over ranks"}
 
     # -- the loop -------------------------------------------------------------------------
@@ -197,15 +232,16 @@ class Trainer:
         if cfg.resume:
             self._resume()
         else:
-            broadcast_state(list(self.task.modules.values()), comm)
+            self._broadcast()
         self._verify(exact=True, what="initial weights")
         flops = self.task.flops_per_sample()
         peak = self._peak()
-        prov = provenance(comm, comm_backend=cfg.comm, threads=self.threads)
+        prov = provenance(comm, comm_backend=cfg.comm, threads=self.threads,
+                          **self._versions())
         out = cfg.out_dir
         if self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            print(f"hpcai-train: {cfg.model} on {self.world} rank(s) x {self.threads} "
+            print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x {self.threads} "
                   f"thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
                   f"({cfg.lr_scaling} scaling of {cfg.lr:g}), {self.steps} steps/epoch, "
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
@@ -213,7 +249,7 @@ class Trainer:
         for epoch in range(self.start_epoch, cfg.epochs):
             first_step = self.start_step if epoch == self.start_epoch else 0
             record, preempted = self._epoch(epoch, first_step, flops, peak, prov,
-                                            FLOP_CONVENTION)
+                                            self.task.flop_convention)
             if preempted:
                 if self.rank == 0:
                     name = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
@@ -242,8 +278,7 @@ class Trainer:
                     break
                 lr = self._set_lr(epoch, step)
                 seed = step_seed(cfg.seed, self.rank, epoch, step)
-                torch.manual_seed(seed)
-                rng = torch.Generator().manual_seed(seed)
+                rng = self._step_rng(seed)
                 losses = self.task.train_step(x, y, rng, self._after_backward)
                 for key, value in losses.items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -282,7 +317,8 @@ class Trainer:
         samples_rank = steps_done * cfg.batch_size
         gflops_rank = flops * samples_rank / wall_max / 1e9 if wall_max > 0 else 0.0
         record = {
-            "record": "epoch", "version": RECORD_VERSION, "model": cfg.model, "epoch": epoch,
+            "record": "epoch", "version": RECORD_VERSION, "model": cfg.model,
+            "framework": self.framework, "epoch": epoch,
             "steps": steps_done, "first_step": first_step,
             "epoch_time_s": round(wall_max, 4),
             "compute_s": round(mean(wall - comm_s - data_s), 4),

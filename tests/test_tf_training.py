@@ -1,0 +1,173 @@
+"""TensorFlow/Keras 3DGAN and ResNet50 trained by the same engine, under hpcai-launch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import base_env, run
+
+pytestmark = pytest.mark.mpi
+tf = pytest.importorskip("tensorflow", reason="tensorflow-cpu is not installed")
+keras = pytest.importorskip("keras")
+PROGRAMS = Path(__file__).parent / "programs"
+GAN = ["3dgan", "--generate", "32", "--batch-size", "2", "--peak-gflops", "50",
+       "--eval-samples", "4"]
+
+
+def train(ranks: int, *args: str, env: dict | None = None, timeout: float = 400):
+    return run(["hpcai-launch", "-N", str(ranks), "--", "train", *args], env or base_env(),
+               timeout=timeout)
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
+
+
+def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tmp_path):
+    tf_out, torch_out = tmp_path / "tf", tmp_path / "torch"
+    result = train(2, *GAN, "--framework", "tensorflow", "--epochs", "2", "--max-steps", "2",
+                   "--verify-every", "1", "--out", str(tf_out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "3dgan (tensorflow) on 2 rank(s)" in result.stdout
+    reference = train(2, *GAN, "--epochs", "1", "--max-steps", "1", "--out", str(torch_out))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    epochs, (torch_record,) = records(tf_out), records(torch_out)
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    for r in epochs:
+        assert set(r) == set(torch_record), set(r) ^ set(torch_record)
+        assert set(r["losses"]) == set(torch_record["losses"])
+        assert set(r["provenance"]) == set(torch_record["provenance"])
+        assert r["framework"] == "tensorflow" and torch_record["framework"] == "pytorch"
+        prov = r["provenance"]
+        assert prov["framework_version"].startswith(f"tensorflow {tf.__version__}")
+        assert prov["comm"] == "mpi" and prov["comm_version"].startswith("mpi4py ")
+        assert prov["world_size"] == 2 and "libmpi" in prov["libmpi"]
+        assert r["steps"] == 2 and r["allreduce"]["calls"] > 0
+        assert r["allreduce"]["bytes_per_rank"] > 2 * 4 * 900_000   # G and D, 4 steps
+        assert "analytically per Conv/Dense layer" in r["flop_convention"]
+        assert all(np.isfinite(v) for v in r["losses"].values())
+        assert r["eval"]["samples"] == 4 and r["eval"]["real_sum_over_f"] > 0
+    # the analytic Keras count and PyTorch's FlopCounterMode agree on the same network
+    assert epochs[0]["flops_per_sample"] == pytest.approx(torch_record["flops_per_sample"],
+                                                          rel=0.02)
+    assert epochs[1]["lr"] == pytest.approx(2e-3)
+    ckpts = sorted(p.name for p in (tf_out / "checkpoints").iterdir())
+    assert ckpts == ["ckpt-E0001-S000000.pt", "ckpt-E0002-S000000.pt"]
+
+
+def test_keras_resume_continues_from_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    first = train(2, *GAN, "--framework", "tensorflow", "--epochs", "1", "--max-steps", "1",
+                  "--eval-samples", "0", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = train(2, *GAN, "--framework", "tensorflow", "--epochs", "2", "--max-steps", "1",
+                  "--eval-samples", "0", "--resume", "--out", str(out))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "at epoch 1 step 0" in again.stdout
+    assert [r["epoch"] for r in records(out)] == [0, 1]
+    # a PyTorch run refuses the TensorFlow checkpoint
+    wrong = train(2, *GAN, "--epochs", "3", "--max-steps", "1", "--resume", "--out", str(out))
+    assert wrong.returncode == 2 and "written by tensorflow" in wrong.stderr
+    assert "hint:" in wrong.stderr
+
+
+def test_keras_resnet50_two_ranks_blocking_sync(tmp_path):
+    out = tmp_path / "run"
+    result = train(2, "resnet50", "--framework", "tensorflow", "--samples", "8",
+                   "--batch-size", "2", "--image-size", "32", "--classes", "10",
+                   "--epochs", "1", "--max-steps", "1", "--no-overlap", "--peak-gflops", "50",
+                   "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (r,) = records(out)
+    assert r["model"] == "resnet50" and r["framework"] == "tensorflow"
+    assert r["allreduce"]["overlap"] is False and r["grad_sync_s"] > 0
+    # keras.applications.ResNet50 (conv biases): 23.5 M weights to average at 10 classes
+    assert r["allreduce"]["bytes_per_rank"] > 4 * 23_000_000
+
+
+def _updates(path: Path) -> np.ndarray:
+    saved = dict(np.load(path))
+    names = sorted(k for k in saved if not k.startswith("init."))
+    assert len(names) >= 14
+    return np.concatenate([(saved[k] - saved[f"init.{k}"]).ravel().astype(np.float64)
+                           for k in names])
+
+
+def _keras_d_run(ranks: int, out: Path, *extra: str) -> np.ndarray:
+    result = run(["hpcai-launch", "-N", str(ranks), "--", sys.executable,
+                  str(PROGRAMS / "keras_dp_equivalence.py"), str(out), *extra],
+                 base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _updates(out)
+
+
+@pytest.mark.parametrize("extra", [(), ("--blocking",), ("--channels-first",)])
+def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra, tmp_path):
+    """3 SGD steps of the Keras D; compared: the weight updates of all variables together.
+
+    Tolerance: |update(2 x b) - update(1 x 2b)| <= 1e-2 |update(1 x 2b)|. TensorFlow's CPU
+    convolutions sum in an order that depends on the batch size and on how many CPUs the
+    process may use: with no MPI at all, the same run on 1 or 2 CPUs differs by up to
+    2.5e-3 (channels-first, XLA) and 3e-4 (channels-last, oneDNN); float64 is not an option
+    (TF has no float64 AvgPool3D on the CPU). The control - the same 2-rank run without
+    averaging - is off by about 0.5, far outside.
+    """
+    one = _keras_d_run(1, tmp_path / "one.npz", *extra)
+    two = _keras_d_run(2, tmp_path / "two.npz", *extra)
+    rel = np.linalg.norm(two - one) / np.linalg.norm(one)
+    assert rel <= 1e-2, f"updates differ by {rel:.3g} (relative)"
+    if not extra:
+        alone = _keras_d_run(2, tmp_path / "alone.npz", "--no-average")
+        control = np.linalg.norm(alone - one) / np.linalg.norm(one)
+        assert control > 0.1, f"the control should fail the comparison, got {control:.3g}"
+
+
+def _blocking(tmp_path: Path, *modules: str) -> dict:
+    """An environment in which ``modules`` cannot be imported (as if not installed)."""
+    shim = tmp_path / ("blocked-" + "-".join(modules))
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules))
+    return base_env(PYTHONPATH=str(shim))
+
+
+@pytest.mark.parametrize("case", ["no-tensorflow", "no-horovod-tf", "no-horovod-torch",
+                                  "gloo-with-tf", "tf-resnet-tiny"])
+def test_framework_and_comm_bad_input(case, tmp_path):
+    out = tmp_path / "out"
+    args, env, expect = {
+        "no-tensorflow": (["--framework", "tensorflow"], _blocking(tmp_path, "tensorflow"),
+                          "--framework tensorflow, but tensorflow cannot be imported"),
+        "no-horovod-tf": (["--framework", "tensorflow", "--comm", "horovod"],
+                          _blocking(tmp_path, "horovod"),
+                          "--comm horovod, but horovod.tensorflow cannot be imported"),
+        "no-horovod-torch": (["--comm", "horovod"], _blocking(tmp_path, "horovod"),
+                             "--comm horovod, but horovod.torch cannot be imported"),
+        "gloo-with-tf": (["--framework", "tensorflow", "--comm", "gloo"], base_env(),
+                         "--comm gloo is torch.distributed's backend"),
+        "tf-resnet-tiny": (["--framework", "tensorflow"], base_env(),
+                           "resnet-tiny has no TensorFlow version"),
+    }[case]
+    model = ["resnet-tiny"] if case == "tf-resnet-tiny" else GAN
+    result = train(2, *model, *args, "--out", str(out), env=env, timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr[-2000:])
+    assert result.stderr.count("error: ") == 1 and "hint: " in result.stderr
+    assert expect in result.stderr, result.stderr
+    assert not out.exists(), "something was written before the error"
+
+
+def test_export_refuses_a_tensorflow_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    result = train(1, *GAN, "--framework", "tensorflow", "--epochs", "1", "--max-steps", "1",
+                   "--eval-samples", "0", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    refused = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan"], base_env())
+    assert refused.returncode == 2, refused.stderr
+    assert "written by `train --framework tensorflow`" in refused.stderr
+    assert "hint: train with --framework pytorch" in refused.stderr

@@ -1,0 +1,154 @@
+"""The trainer for ``--framework tensorflow``: the PyTorch trainer's loop with Keras tasks.
+
+Only the framework hooks differ (see ``Trainer``): the task (``keras_tasks``), the initial
+broadcast and the replica checks (over every Keras variable), the gradient averaging
+(``tf_allreduce``: hpcai's buckets over mpi4py, or ``horovod.tensorflow``), learning-rate
+setting, checkpoint contents (NumPy arrays of every model and optimiser variable), the
+per-step randomness and the GEMM probe for the peak. Epochs, sharding, records, checkpoints,
+preemption and fault handling are the same code as for PyTorch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from .replicas import compare_fingerprints
+from .trainer import Trainer
+
+
+def set_tf_threads() -> tuple[int, int]:
+    """TensorFlow's intra-op / inter-op pools from the placement plan (before any TF op)."""
+    from . import keras_tasks  # noqa: F401 - sets TensorFlow's log level before its import
+
+    import tensorflow as tf
+
+    intra = int(os.environ.get("HPCAI_INTRA_OP_THREADS") or os.environ.get("OMP_NUM_THREADS")
+                or os.cpu_count() or 1)
+    inter = int(os.environ.get("HPCAI_INTER_OP_THREADS", "1"))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        pass  # TensorFlow already initialised its runtime (a second trainer in one process)
+    return intra, inter
+
+
+def tf_gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
+    """Best-of-N fp32 GEMM rate of ``tf.linalg.matmul`` with this process's TF threads."""
+    import tensorflow as tf
+
+    a = tf.random.normal((size, size))
+    b = tf.random.normal((size, size))
+    tf.linalg.matmul(a, b).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.linalg.matmul(a, b).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+class TfTrainer(Trainer):
+    framework = "tensorflow"
+
+    # -- framework hooks -----------------------------------------------------------------
+    def _threads(self) -> int:
+        import tensorflow as tf
+
+        return tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
+
+    def _make_task(self):
+        from .keras_tasks import make_keras_task
+
+        return make_keras_task(self.cfg, self.target_lr, rank=self.rank)
+
+    def _variables(self, trainable_only: bool = False) -> list:
+        out = []
+        for model in self.task.models.values():
+            out.extend(model.trainable_variables if trainable_only else model.variables)
+        return out
+
+    def _broadcast(self) -> None:
+        for v in self._variables():
+            array = np.ascontiguousarray(v.numpy())
+            self.comm.Bcast(array, root=0)
+            v.assign(array)
+
+    def _verify(self, exact: bool, what: str, buffers: bool = False) -> float:
+        start = time.perf_counter()
+        if self.world > 1:
+            if exact:
+                crc = 0
+                for v in self._variables():
+                    crc = zlib.crc32(np.ascontiguousarray(v.numpy()).tobytes(), crc)
+                mine = crc
+            else:
+                mine = np.array([float(np.sum(v.numpy(), dtype=np.float64))
+                                 for v in self._variables(trainable_only=not buffers)])
+            compare_fingerprints(self.comm, mine, exact=exact, what=what)
+        return time.perf_counter() - start
+
+    def _comm(self):
+        from .tf_allreduce import HorovodTfAverager, TfGradAllreducer
+
+        cfg = self.cfg
+        reducers = {}
+        for key, model in self.task.models.items():
+            if cfg.comm == "horovod":
+                reducers[key] = HorovodTfAverager(model.trainable_variables)
+            else:
+                reducers[key] = TfGradAllreducer(model.trainable_variables, self.comm,
+                                                 bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
+        return cfg.comm, reducers
+
+    def _after_backward(self, key: str, grads: list) -> list:
+        return self.reducers[key].average(grads)
+
+    def _apply_lr(self, lr: float) -> None:
+        for opt in self.task.optimizers.values():
+            opt.learning_rate = lr
+
+    def _task_state(self) -> dict:
+        return {"modules": {k: [v.numpy() for v in m.variables]
+                            for k, m in self.task.models.items()},
+                "optimizers": {k: [v.numpy() for v in o.variables]
+                               for k, o in self.task.optimizers.items()}}
+
+    def _load_task_state(self, state: dict) -> None:
+        for group, owners in (("modules", self.task.models), ("optimizers", self.task.optimizers)):
+            for key, owner in owners.items():
+                saved = state[group][key]
+                if len(saved) != len(owner.variables):
+                    raise ValueError(f"checkpoint {group}/{key}: {len(saved)} arrays, model "
+                                     f"has {len(owner.variables)} variables")
+                for v, array in zip(owner.variables, saved):
+                    v.assign(array)
+
+    def _step_rng(self, seed: int):
+        return np.random.default_rng(seed)
+
+    def _gemm_probe(self) -> tuple[float, str]:
+        return tf_gemm_peak_gflops(), "fp32 GEMM 2048^3 (tf.linalg.matmul)"
+
+    def _versions(self) -> dict:
+        import keras
+        import tensorflow as tf
+
+        return {"framework": self.framework,
+                "framework_version": f"tensorflow {tf.__version__}, keras {keras.__version__}"}
+
+    def _average_bn(self) -> None:
+        import keras
+
+        for model in self.task.models.values():
+            for layer in model.layers:
+                if isinstance(layer, keras.layers.BatchNormalization):
+                    for v in (layer.moving_mean, layer.moving_variance):
+                        array = np.ascontiguousarray(v.numpy())
+                        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+                        v.assign(array / self.world)
