@@ -306,3 +306,37 @@ def test_srun_without_pmi_is_warned_about(real_node):
                              "--ranks-per-node", "2", "--", "true"])
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("warning: srun started the ranks without a PMI plugin") == 1
+
+
+def _horovod_built() -> bool:
+    import importlib.util
+
+    spec = importlib.util.find_spec("horovod")
+    return bool(spec and spec.submodule_search_locations and any(
+        (Path(list(spec.submodule_search_locations)[0]) / "torch").glob("mpi_lib*.so")))
+
+
+HOROVOD_SCRIPT = str(Path(__file__).parent / "programs" / "horovod_synthetic_benchmark.py")
+needs_horovod = pytest.mark.skipif(
+    not _horovod_built(),
+    reason="Horovod is not built here: run scripts/build-horovod.sh (README, 'Horovod')")
+
+
+@needs_horovod
+@pytest.mark.parametrize("shape", ["real-node-2-tasks", "fake-nodes-2x1"])
+def test_unmodified_horovod_script_under_srun(shape, request):
+    """Horovod reads its world from MPI (PMIx under srun): every worker must see size 2 and
+    the replicas must agree after training (the script prints a CRC of its weights)."""
+    from test_horovod import check_consistent_world
+
+    if shape == "real-node-2-tasks":
+        cluster = request.getfixturevalue("real_node")
+        srun = ["srun", "--mpi=pmix", "--ntasks-per-node", "2"]
+        launch = ["--ranks-per-node", "2"]
+    else:
+        cluster = request.getfixturevalue("fake_nodes")
+        srun = ["srun", "--mpi=pmix", "-N", "2", "--ntasks-per-node", "1"]
+        launch = ["--ranks-per-node", "1"]
+    result = ok(cluster, [*srun, "hpcai-launch", *launch, "--", "python", HOROVOD_SCRIPT,
+                          "--num-iters", "2"], timeout=300)
+    check_consistent_world(result.stdout, 2)

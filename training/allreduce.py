@@ -257,17 +257,20 @@ class GradAllreducer:
 class HorovodTransport:
     """Horovod's allreduce as the transport (only when ``horovod.torch`` imports).
 
-    Not exercised by the default test suite: Horovod 0.28.1 has to be built from a patched
-    sdist here (see README); ``--comm horovod`` without it is a user error.
+    Horovod 0.28.1 is built from its patched sdist by ``scripts/build-horovod.sh`` (README);
+    ``--comm horovod`` without it is a user error. Horovod does its own fusion too; handing it
+    hpcai's buckets keeps the comparison about the transport.
     """
 
     name = "horovod"
 
-    def __init__(self) -> None:
+    def __init__(self, comm=None) -> None:
         import horovod.torch as hvd
 
         if not hvd.is_initialized():
             hvd.init()
+        if comm is not None:
+            check_horovod_world(hvd, comm)
         self._hvd = hvd
         self.size = hvd.size()
 
@@ -286,3 +289,17 @@ class HorovodTransport:
 
     def poke(self, handles) -> None:
         pass
+
+
+def check_horovod_world(hvd, comm) -> None:
+    """Horovod must see the same world as mpi4py: a Horovod built against another MPI than
+    the one the launcher chose sees N singleton worlds (or fails) - say so, by name."""
+    from hpcai.launcher.errors import UserError
+
+    if (hvd.size(), hvd.rank()) != (comm.Get_size(), comm.Get_rank()):
+        raise UserError(
+            f"Horovod sees rank {hvd.rank()} of {hvd.size()}, MPI sees rank "
+            f"{comm.Get_rank()} of {comm.Get_size()}: Horovod is linked against a different "
+            "MPI than the one this job runs on",
+            "launch with the MPI Horovod was built with (scripts/build-horovod.sh uses the "
+            "mpicxx on PATH), or use --comm mpi")

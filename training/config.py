@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,12 +193,41 @@ def check_framework(cfg: TrainConfig) -> None:
                         "TensorFlow gradients", "use --comm mpi (the default) or horovod")
 
 
+_ABI_OF_SONAME = {"libmpi.so.40": "openmpi", "libmpi.so.12": "mpich",
+                  "libmpich.so.12": "mpich"}
+
+
+def horovod_mpi_abi(package_dir: str | os.PathLike) -> tuple[str, str] | None:
+    """(MPI ABI, soname) that Horovod's compiled ops link against, read from their ELF
+    DT_NEEDED (no import, nothing loaded), or None if no MPI library is named."""
+    from hpcai.launcher.elf import read_elf
+
+    for lib in sorted(Path(package_dir).glob("*/mpi_lib*.so")):
+        for needed in read_elf(lib).needed:
+            if needed in _ABI_OF_SONAME:
+                return _ABI_OF_SONAME[needed], needed
+    return None
+
+
 def check_comm(comm: str, framework: str = "pytorch") -> None:
-    if comm == "horovod":
-        module = "horovod.tensorflow" if framework == "tensorflow" else "horovod.torch"
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build's errors
-            raise UserError(f"--comm horovod, but {module} cannot be imported ({exc})",
-                            "use --comm mpi (the default), or build Horovod with "
-                            "scripts/build-horovod.sh (see README)") from exc
+    """--comm horovod: the Horovod ops import, and were built for this job's MPI ABI (the
+    launcher says which in MPI4PY_MPIABI); a mismatch would crash inside MPI_Init."""
+    if comm != "horovod":
+        return
+    module = "horovod.tensorflow" if framework == "tensorflow" else "horovod.torch"
+    spec = importlib.util.find_spec("horovod")
+    if spec is not None and spec.submodule_search_locations:
+        linked = horovod_mpi_abi(list(spec.submodule_search_locations)[0])
+        job_abi = os.environ.get("MPI4PY_MPIABI", "")
+        if linked and job_abi and linked[0] != job_abi:
+            raise UserError(f"--comm horovod, but Horovod is built against {linked[1]} "
+                            f"({linked[0]} ABI) and this job runs on a {job_abi}-ABI MPI",
+                            "launch with the MPI Horovod was built with (e.g. --mpi openmpi), "
+                            "rebuild it with scripts/build-horovod.sh with that MPI's mpicxx "
+                            "first on PATH, or use --comm mpi")
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken build's errors
+        raise UserError(f"--comm horovod, but {module} cannot be imported ({exc})",
+                        "use --comm mpi (the default), or build Horovod with "
+                        "scripts/build-horovod.sh (see README)") from exc

@@ -34,6 +34,8 @@ def report_before_mpi(exc: UserError) -> int:
 
 def preflight(cfg: TrainConfig):
     """Every check that can fail on bad input, before MPI and before writing anything."""
+    if cfg.framework == "tensorflow":   # before anything imports TensorFlow (Horovod may)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     check_output_dir(cfg.out_dir)
     check_framework(cfg)
     check_comm(cfg.comm, cfg.framework)

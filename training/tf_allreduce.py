@@ -122,15 +122,18 @@ class TfGradAllreducer:
 class HorovodTfAverager:
     """Average with ``horovod.tensorflow.grouped_allreduce`` (Horovod's fusion, op=Average)."""
 
-    def __init__(self, variables, *, name: str = "grads") -> None:
+    def __init__(self, variables, comm=None) -> None:
         import horovod.tensorflow as hvd
+
+        from .allreduce import check_horovod_world
 
         if not hvd.is_initialized():
             hvd.init()
+        if comm is not None:
+            check_horovod_world(hvd, comm)
         self._hvd = hvd
         self.size = hvd.size()
         self.stats = SyncStats()
-        self._name = name
         self.nbytes = sum(_numel(v.shape) * _numpy_dtype(v).itemsize for v in variables)
 
     def average(self, grads: list) -> list:

@@ -135,7 +135,7 @@ class Trainer:
                                         world_size=self.world)
             transport = TorchDistTransport("gloo")
         elif cfg.comm == "horovod":
-            transport = HorovodTransport()
+            transport = HorovodTransport(self.comm)
         else:
             transport = MpiTransport(self.comm)
         reducers = {id(m): GradAllreducer(m, transport, bucket_mb=cfg.bucket_mb,
