@@ -11,7 +11,8 @@
 # Three layers, each with a stamp file holding its hash under DIR/opt/hpcai/:
 #   base     debootstrap --variant=minbase bookworm from the apt mirror: python3, pip, Open MPI
 #            4.1.4 (the image's own MPI), empty mount points under /opt/hpcai   (.stamp-base)
-#   python   pip3 install of requirements.txt (minus pytest), torch from ${HPCAI_WHEELS:-/opt/wheels}
+#   python   pip3 install of requirements.txt (minus pytest; minus tensorflow-cpu and keras
+#            unless HPCAI_IMAGE_WITH_TF=1), torch from ${HPCAI_WHEELS:-/opt/wheels}
 #            when that directory exists                                         (.stamp-python)
 #   project  this repository's package, non-editable, --no-deps                 (.stamp-project)
 # A layer is rebuilt only when its hash changed (the base layer's recipe; requirements.txt and
@@ -181,6 +182,8 @@ read_requirements() { # REQS: requirements.txt without comments and without pyte
       "list plain requirements only" ;; esac
     name=${line%%[<>=!~;[]*}
     [ "${name,,}" = pytest ] && continue
+    # TensorFlow/Keras (~600 MB) only when asked: HPCAI_IMAGE_WITH_TF=1
+    case ${name,,} in tensorflow-cpu|keras) [ "${HPCAI_IMAGE_WITH_TF:-0}" = 1 ] || continue ;; esac
     REQS+=("$line")
   done <"$ROOT/requirements.txt"
   ((${#REQS[@]})) || die "no requirements found in $ROOT/requirements.txt" "restore requirements.txt"

@@ -122,7 +122,7 @@ class TfGradAllreducer:
 class HorovodTfAverager:
     """Average with ``horovod.tensorflow.grouped_allreduce`` (Horovod's fusion, op=Average)."""
 
-    def __init__(self, variables, comm=None) -> None:
+    def __init__(self, variables, comm=None, *, overlap: bool = True) -> None:
         import horovod.tensorflow as hvd
 
         from .allreduce import check_horovod_world
@@ -132,6 +132,8 @@ class HorovodTfAverager:
         if comm is not None:
             check_horovod_world(hvd, comm)
         self._hvd = hvd
+        self.comm = comm
+        self.overlap = overlap or comm is None
         self.size = hvd.size()
         self.stats = SyncStats()
         self.nbytes = sum(_numel(v.shape) * _numpy_dtype(v).itemsize for v in variables)
@@ -142,6 +144,9 @@ class HorovodTfAverager:
         if self.size == 1:
             return list(grads)
         start = time.perf_counter()
+        if not self.overlap:   # as the mpi4py reducer: the wait for the slowest rank apart
+            self.comm.Barrier()
+            self.stats.imbalance_s += time.perf_counter() - start
         tensors = [tf.convert_to_tensor(g) for g in grads]
         out = self._hvd.grouped_allreduce(tensors, op=self._hvd.Average)
         out = [tf.identity(t) for t in out]

@@ -100,7 +100,8 @@ class TfTrainer(Trainer):
         reducers = {}
         for key, model in self.task.models.items():
             if cfg.comm == "horovod":
-                reducers[key] = HorovodTfAverager(model.trainable_variables, self.comm)
+                reducers[key] = HorovodTfAverager(model.trainable_variables, self.comm,
+                                                  overlap=cfg.overlap)
             else:
                 reducers[key] = TfGradAllreducer(model.trainable_variables, self.comm,
                                                  bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
