@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import loopback_env
+from common import gan_data, loopback_env
 
 BATCH = {"resnet50": 8, "3dgan": 8}
 EXTRA = {"resnet50": ["--samples", "256", "--image-size", "112"], "3dgan": []}
@@ -74,14 +74,6 @@ def run_config(framework: str, model: str, comm: str, steps: int, workdir: Path,
     }
 
 
-def _gan_data(workdir: Path) -> Path:
-    data = workdir / "gan-data"
-    subprocess.run([sys.executable, "-m", "hpcai.training.showers", "generate", "--out",
-                    str(data), "--files", "1", "--events", "256"], check=True,
-                   capture_output=True)
-    return data
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", default="pytorch,tensorflow")
@@ -93,7 +85,7 @@ def main() -> int:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        data = _gan_data(work)
+        data = gan_data(work, events=256)
         for framework in args.frameworks.split(","):
             for model in args.models.split(","):
                 comms = [c for c in ("mpi", "horovod", "gloo") if available(c, framework)]

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import loopback_env
+from common import gan_data, loopback_env
 
 BATCH = {"resnet50": 8, "3dgan": 8}
 EXTRA = {"resnet50": ["--samples", "512"], "3dgan": ["--generate", "1024"]}
@@ -42,7 +42,7 @@ def run_config(model: str, ranks: int, threads: int, comm: str, overlap: bool, s
             "--eval-samples", "0", "--verify-every", "0", *EXTRA[model]]
     if model == "3dgan":  # share one generated data set between configurations
         argv[argv.index("--generate"):argv.index("--generate") + 2] = [
-            "--data", str(_gan_data(workdir))]
+            "--data", str(gan_data(workdir))]
     if not overlap:
         argv.append("--no-overlap")
     env = loopback_env()
@@ -67,15 +67,6 @@ def run_config(model: str, ranks: int, threads: int, comm: str, overlap: bool, s
           f"ms/step (allreduce {summary['allreduce_s_per_step'] * 1e3:.1f}), {summary['samples_per_s_per_rank']:.2f} samples/s/rank, "
           f"{summary['fraction_of_peak']:.1%} of peak", flush=True)
     return summary
-
-
-def _gan_data(workdir: Path) -> Path:
-    data = workdir / "gan-data"
-    if not data.exists():
-        subprocess.run([sys.executable, "-m", "hpcai.training.showers", "generate", "--out",
-                        str(data), "--files", "1", "--events", "1024"], check=True,
-                       capture_output=True)
-    return data
 
 
 def main() -> int:

@@ -98,7 +98,8 @@ def provenance(comm, *, comm_backend: str, threads: int, framework: str = "pytor
         "framework_version": framework_version,
         "comm": comm_backend,
         "comm_version": comm_version(comm_backend),
-        "mpi_library_version": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+        "mpi_library_version":
+            MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "libmpi": libmpi_path(),
         "hosts": sorted(set(hosts)),
         "git_revision": git_revision(),
