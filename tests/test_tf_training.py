@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tmp_path):
         assert prov["framework_version"].startswith(f"tensorflow {tf.__version__}")
         assert prov["comm"] == "mpi" and prov["comm_version"].startswith("mpi4py ")
         assert prov["world_size"] == 2 and "libmpi" in prov["libmpi"]
+        assert prov["threads_per_rank"] == 1   # TF's intra-op pool, from the placement plan
         assert r["steps"] == 2 and r["allreduce"]["calls"] > 0
         assert r["allreduce"]["bytes_per_rank"] > 2 * 4 * 900_000   # G and D, 4 steps
         assert "analytically per Conv/Dense layer" in r["flop_convention"]
@@ -166,6 +168,8 @@ def test_export_refuses_a_tensorflow_checkpoint(tmp_path):
     result = train(1, *GAN, "--framework", "tensorflow", "--epochs", "1", "--max-steps", "1",
                    "--eval-samples", "0", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = records(out)
+    assert record["provenance"]["threads_per_rank"] == (os.cpu_count() or 1)   # 1 rank: all
     (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
     refused = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan"], base_env())
     assert refused.returncode == 2, refused.stderr

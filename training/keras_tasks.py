@@ -67,6 +67,20 @@ def _mape(y, yhat):
     return 100.0 * tf.reduce_mean(tf.abs(y - yhat) / tf.maximum(tf.abs(y), EPS))
 
 
+def moving_statistics(model) -> list:
+    """The BatchNorm moving means and variances of ``model``."""
+    import keras
+
+    return [v for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)
+            for v in (layer.moving_mean, layer.moving_variance)]
+
+
+def is_rng_state(variable) -> bool:
+    """Keras keeps each dropout layer's random stream in a variable: per rank, never
+    broadcast, compared or checkpointed (PyTorch's dropout draws per rank as well)."""
+    return "seed_generator" in variable.path
+
+
 # -- analytic FLOPs --------------------------------------------------------------------------
 def layer_macs(model) -> list[tuple[str, int, bool]]:
     """(layer name, forward multiply-adds per sample, has trainable weights) for Conv/Dense."""
@@ -126,7 +140,7 @@ class KerasGanTask:
             opt.build(self.models[key].trainable_variables)
         # dropout masks differ between ranks (as PyTorch's per-rank global generator)
         keras.utils.set_random_seed(cfg.seed + 7919 * (seed_offset + 1))
-        self._d_moving = [v for v in self.D.non_trainable_variables]
+        self._d_moving = moving_statistics(self.D)
         self._d_grads = tf.function(self._d_grads_py, reduce_retracing=True)
         self._g_grads = tf.function(self._g_grads_py, reduce_retracing=True)
         self._generate = tf.function(lambda z: self.G(z, training=False), reduce_retracing=True)
@@ -211,13 +225,14 @@ class KerasGanTask:
         x = self._image(np.asarray(x, dtype=np.float32))
         n = x.shape[0]
         ev = np.asarray(e, dtype=np.float32).reshape(n, 1)
-        saved = [v.numpy() for v in self.G.non_trainable_variables + self._d_moving]
+        restore = moving_statistics(self.G) + self._d_moving
+        saved = [v.numpy() for v in restore]
         try:
             _, aux, _ = self._forward_batch_stats(self.D, x)
             e_gen, latent = self._inputs(np.random.default_rng(4321), n)
             generated = self._forward_batch_stats(self.G, latent).numpy()
         finally:
-            for v, s in zip(self.G.non_trainable_variables + self._d_moving, saved):
+            for v, s in zip(restore, saved):
                 v.assign(s)
         f_gen = sampling_fraction(e_gen).reshape(-1)
         f_real = sampling_fraction(ev).reshape(-1)

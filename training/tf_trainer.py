@@ -53,6 +53,12 @@ def tf_gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def _state_of(model) -> list:
+    from .keras_tasks import is_rng_state
+
+    return [v for v in model.variables if not is_rng_state(v)]
+
+
 class TfTrainer(Trainer):
     framework = "tensorflow"
 
@@ -68,9 +74,11 @@ class TfTrainer(Trainer):
         return make_keras_task(self.cfg, self.target_lr, rank=self.rank)
 
     def _variables(self, trainable_only: bool = False) -> list:
+        """Every model's state (trainable weights, BatchNorm statistics), not the per-rank
+        dropout streams."""
         out = []
         for model in self.task.models.values():
-            out.extend(model.trainable_variables if trainable_only else model.variables)
+            out.extend(model.trainable_variables if trainable_only else _state_of(model))
         return out
 
     def _broadcast(self) -> None:
@@ -115,20 +123,22 @@ class TfTrainer(Trainer):
             opt.learning_rate = lr
 
     def _task_state(self) -> dict:
-        return {"modules": {k: [v.numpy() for v in m.variables]
+        return {"modules": {k: [v.numpy() for v in _state_of(m)]
                             for k, m in self.task.models.items()},
                 "optimizers": {k: [v.numpy() for v in o.variables]
                                for k, o in self.task.optimizers.items()}}
 
     def _load_task_state(self, state: dict) -> None:
-        for group, owners in (("modules", self.task.models), ("optimizers", self.task.optimizers)):
-            for key, owner in owners.items():
-                saved = state[group][key]
-                if len(saved) != len(owner.variables):
-                    raise ValueError(f"checkpoint {group}/{key}: {len(saved)} arrays, model "
-                                     f"has {len(owner.variables)} variables")
-                for v, array in zip(owner.variables, saved):
-                    v.assign(array)
+        targets = [(f"modules/{k}", _state_of(m)) for k, m in self.task.models.items()]
+        targets += [(f"optimizers/{k}", o.variables) for k, o in self.task.optimizers.items()]
+        for name, variables in targets:
+            group, key = name.split("/")
+            saved = state[group][key]
+            if len(saved) != len(variables):
+                raise ValueError(f"checkpoint {name}: {len(saved)} arrays, this model has "
+                                 f"{len(variables)} variables")
+            for v, array in zip(variables, saved):
+                v.assign(array)
 
     def _step_rng(self, seed: int):
         return np.random.default_rng(seed)
@@ -144,12 +154,10 @@ class TfTrainer(Trainer):
                 "framework_version": f"tensorflow {tf.__version__}, keras {keras.__version__}"}
 
     def _average_bn(self) -> None:
-        import keras
+        from .keras_tasks import moving_statistics
 
         for model in self.task.models.values():
-            for layer in model.layers:
-                if isinstance(layer, keras.layers.BatchNormalization):
-                    for v in (layer.moving_mean, layer.moving_variance):
-                        array = np.ascontiguousarray(v.numpy())
-                        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-                        v.assign(array / self.world)
+            for v in moving_statistics(model):
+                array = np.ascontiguousarray(v.numpy())
+                self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+                v.assign(array / self.world)
