@@ -17,6 +17,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HPCAI_VENV:-$ROOT/.venv}
 PY="$VENV/bin/python"
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}   # quiet imports of TensorFlow
 HOROVOD_VERSION=0.28.1
 CACHE=${HPCAI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hpcai}
 WITH_TORCH=auto WITH_TF=auto CHECK=0
@@ -105,7 +106,7 @@ fi
 say "installing $(ls "$WHEELS"/horovod-*.whl)"
 "$PY" -m pip -q --disable-pip-version-check install --no-deps --force-reinstall \
   "$WHEELS"/horovod-*.whl
-# horovod's own runtime deps (cloudpickle, psutil, pyyaml, packaging), from PyPI
-"$PY" -m pip -q --disable-pip-version-check install cloudpickle psutil pyyaml packaging
+# horovod's own runtime deps (cloudpickle, cffi, psutil, pyyaml, packaging), from PyPI
+"$PY" -m pip -q --disable-pip-version-check install cloudpickle cffi psutil pyyaml packaging
 imports_ok || { echo "error: horovod installed but ${want[*]} does not import" >&2; exit 1; }
 say "ready: $(cd / && "$PY" -c 'import horovod; print(horovod.__version__)') with ${want[*]}"
