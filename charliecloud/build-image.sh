@@ -13,7 +13,9 @@
 #            4.1.4 (the image's own MPI), empty mount points under /opt/hpcai   (.stamp-base)
 #   python   pip3 install of requirements.txt (minus pytest; minus tensorflow-cpu and keras
 #            unless HPCAI_IMAGE_WITH_TF=1), torch from ${HPCAI_WHEELS:-/opt/wheels}
-#            when that directory exists                                         (.stamp-python)
+#            when that directory exists; plus a Horovod wheel if
+#            HPCAI_IMAGE_HOROVOD_WHEEL names one (scripts/build-horovod.sh
+#            builds and caches it; same Python 3.11, torch and Open MPI ABI)    (.stamp-python)
 #   project  this repository's package, non-editable, --no-deps                 (.stamp-project)
 # A layer is rebuilt only when its hash changed (the base layer's recipe; requirements.txt and
 # the python layer's recipe; the tracked sources), so an unchanged image costs a hash check.
@@ -126,10 +128,16 @@ base_layer() { # $1: empty target directory
 
 python_layer() {
   local -a reqs=("${REQS[@]}") pipenv=() binds=()
+  if [ -n "$HOROVOD_WHEEL" ]; then
+    say "python: + $(basename "$HOROVOD_WHEEL") (Horovod, built on the host against Open MPI)"
+    mkdir -p "$IMG/opt/horovod-wheel"
+    binds+=(-b "$(dirname "$HOROVOD_WHEEL"):/opt/horovod-wheel")
+    reqs+=("/opt/horovod-wheel/$(basename "$HOROVOD_WHEEL")" cloudpickle cffi psutil pyyaml packaging)
+  fi
   if [ -d "$WHEELS" ]; then
     say "python: pip3 install ${reqs[*]} (find-links $WHEELS)"
     mkdir -p "$IMG/opt/wheels"
-    binds=(-b "$WHEELS:/opt/wheels")
+    binds+=(-b "$WHEELS:/opt/wheels")
     pipenv=(PIP_FIND_LINKS=/opt/wheels)
   else
     say "python: pip3 install ${reqs[*]} (PyPI; no $WHEELS here, so torch is PyPI's build)"
@@ -147,6 +155,7 @@ python_layer() {
     --progress-bar off "${reqs[@]}" || rc=$?
   rm -f "$META/work/.build-ca.pem"
   [ ! -d "$IMG/opt/wheels" ] || rmdir "$IMG/opt/wheels"
+  [ ! -d "$IMG/opt/horovod-wheel" ] || rmdir "$IMG/opt/horovod-wheel"
   ((rc == 0)) || die "pip3 install inside the image failed (exit $rc)" \
     "check that PyPI is reachable from this machine; put a CPU torch wheel in HPCAI_WHEELS (default /opt/wheels)"
 }
@@ -204,6 +213,13 @@ source_files() { # NUL-separated tracked source files, relative to ROOT, that ex
 hash_of() { sha256sum | cut -c1-16; }
 
 read_requirements
+HOROVOD_WHEEL=${HPCAI_IMAGE_HOROVOD_WHEEL:-}
+if [ -n "$HOROVOD_WHEEL" ]; then
+  [ -f "$HOROVOD_WHEEL" ] && [[ $HOROVOD_WHEEL == *.whl ]] ||
+    die "HPCAI_IMAGE_HOROVOD_WHEEL=$HOROVOD_WHEEL is not a wheel file" \
+      "run scripts/build-horovod.sh; the wheel is under ~/.cache/hpcai/wheels/horovod-*/"
+  HOROVOD_WHEEL=$(cd "$(dirname "$HOROVOD_WHEEL")" && pwd)/$(basename "$HOROVOD_WHEEL")
+fi
 mapfile -d '' -t SRC_FILES < <(source_files)
 ((${#SRC_FILES[@]})) || die "no tracked sources found under $ROOT" "run the script from a checkout of hpcai"
 
@@ -215,6 +231,7 @@ PY_HASH=$({
   echo "$BASE_HASH"
   printf '%s\n' "${REQS[@]}"
   [ ! -d "$WHEELS" ] || ls "$WHEELS"
+  [ -z "$HOROVOD_WHEEL" ] || sha256sum <"$HOROVOD_WHEEL"
   declare -f python_layer
 } | hash_of)
 SRC_HASH=$({
@@ -313,7 +330,8 @@ print(json.dumps({
         "libmpi_real": os.path.realpath(libmpi[0]) if libmpi else None,
     },
     "python": platform.python_version(),
-    "packages": {d: version(d) for d in ("torch", "mpi4py", "numpy", "h5py", "hpcai")},
+    "packages": {d: version(d) for d in ("torch", "mpi4py", "numpy", "h5py", "hpcai",
+                                         "horovod", "tensorflow-cpu", "keras")},
     "host_mount": "/opt/hpcai/host",
     "mount_points": {"host": "/opt/hpcai/host", "src": "/opt/hpcai/src",
                      "data": "/opt/hpcai/data", "out": "/opt/hpcai/out",

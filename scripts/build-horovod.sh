@@ -48,8 +48,8 @@ imports_ok() {
     (cd / && "$PY" -c "import $m" 2>/dev/null) || return 1
   done
 }
-if imports_ok; then
-  say "horovod already installed with ${want[*]}"
+if imports_ok && [ -s "$VENV/.hpcai-horovod-wheel" ]; then
+  say "horovod already installed with ${want[*]} ($(cat "$VENV/.hpcai-horovod-wheel"))"
   exit 0
 fi
 [ "$CHECK" = 1 ] && exit 1
@@ -109,4 +109,6 @@ say "installing $(ls "$WHEELS"/horovod-*.whl)"
 # horovod's own runtime deps (cloudpickle, cffi, psutil, pyyaml, packaging), from PyPI
 "$PY" -m pip -q --disable-pip-version-check install cloudpickle cffi psutil pyyaml packaging
 imports_ok || { echo "error: horovod installed but ${want[*]} does not import" >&2; exit 1; }
+# the wheel of this venv's Horovod, for the image (HPCAI_IMAGE_HOROVOD_WHEEL, tests)
+ls "$WHEELS"/horovod-*.whl | head -1 > "$VENV/.hpcai-horovod-wheel"
 say "ready: $(cd / && "$PY" -c 'import horovod; print(horovod.__version__)') with ${want[*]}"

@@ -126,3 +126,53 @@ def test_srun_starts_containerised_ranks_with_host_mpi(image, tmp_path):
     records = load_ranks(tmp_path / "out")
     assert_one_world(records, 2)
     assert all(r["libraries"]["libmpi"][0].startswith(HOST_LIB) for r in records)
+
+
+def _horovod_in(image: Path) -> bool:
+    manifest = json.loads((image / "opt" / "hpcai" / "manifest.json").read_text())
+    return bool(manifest["packages"].get("horovod"))
+
+
+def _copy_programs(tmp_path: Path) -> list[str]:
+    """The unmodified Horovod script and the wrapper that reports the mapped libmpi, copied
+    into the working directory (bound into the container at /opt/hpcai/work)."""
+    programs = Path(__file__).parent / "programs"
+    for name in ("report_libmpi.py", "horovod_synthetic_benchmark.py"):
+        shutil.copy(programs / name, tmp_path / name)
+    return ["python3", "report_libmpi.py", "horovod_synthetic_benchmark.py", "--num-iters", "2"]
+
+
+def _check_horovod_on_host_mpi(stdout: str) -> None:
+    from test_horovod import check_consistent_world
+
+    check_consistent_world(stdout, 2)
+    mapped = [line for line in stdout.splitlines() if line.startswith("libmpi-mapped ")]
+    assert len(mapped) == 2, stdout
+    assert all(f"path={HOST_LIB}libmpi.so.40" in line for line in mapped), mapped
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "srun"])
+def test_unmodified_horovod_script_in_container_uses_host_mpi(launcher, image, tmp_path):
+    """Horovod installed in the image (its wheel from scripts/build-horovod.sh) runs on the
+    host's Open MPI bound in: every worker sees size 2, replicas agree, and the libmpi it
+    mapped is /opt/hpcai/host/lib/libmpi.so.40."""
+    if not _horovod_in(image):
+        pytest.skip("the image has no Horovod: run scripts/build-horovod.sh, then the image "
+                    "build picks up its wheel")
+    command = _copy_programs(tmp_path)
+    if launcher == "mpirun":
+        result = run(["hpcai-launch", "-N", "2", "--container", str(image), "--", *command],
+                     image_env(), cwd=tmp_path, timeout=300)
+    else:
+        from hpcai.slurm.localcluster import LocalCluster
+
+        if not shutil.which("slurmctld"):
+            pytest.skip("Slurm not installed")
+        with LocalCluster() as cluster:
+            result = subprocess.run(
+                ["srun", "--mpi=pmix", "--ntasks-per-node=2", "hpcai-launch",
+                 "--ranks-per-node", "2", "--container", str(image), "--", *command],
+                env=image_env(**cluster.env), cwd=tmp_path, capture_output=True, text=True,
+                timeout=300, check=False)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-3000:]}"
+    _check_horovod_on_host_mpi(result.stdout)

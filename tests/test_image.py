@@ -53,8 +53,22 @@ def sh(argv: list[str], timeout: float = 120, **extra: str) -> subprocess.Comple
                           timeout=timeout, check=False)
 
 
+def horovod_wheel() -> str | None:
+    """The wheel of this venv's Horovod (written by scripts/build-horovod.sh), if any."""
+    import sys
+
+    pointer = Path(sys.prefix) / ".hpcai-horovod-wheel"
+    if pointer.is_file():
+        wheel = pointer.read_text().strip()
+        return wheel if Path(wheel).is_file() else None
+    return None
+
+
 def build() -> tuple[subprocess.CompletedProcess, float]:
     env = image_env(HPCAI_IMAGE_DIR=str(IMAGE_DIR))
+    wheel = horovod_wheel()
+    if wheel:   # the image gets Horovod too: unmodified Horovod scripts in the container
+        env["HPCAI_IMAGE_HOROVOD_WHEEL"] = wheel
     env["PATH"] += ":/usr/sbin:/sbin"  # debootstrap
     t = time.monotonic()
     result = subprocess.run(["bash", str(BUILD)], env=env, capture_output=True, text=True,
