@@ -8,6 +8,7 @@ come from the bound host directory (``/opt/hpcai/host/lib``), for host Open MPI,
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -146,9 +147,10 @@ def _check_horovod_on_host_mpi(stdout: str) -> None:
     from test_horovod import check_consistent_world
 
     check_consistent_world(stdout, 2)
-    mapped = [line for line in stdout.splitlines() if line.startswith("libmpi-mapped ")]
-    assert len(mapped) == 2, stdout
-    assert all(f"path={HOST_LIB}libmpi.so.40" in line for line in mapped), mapped
+    mapped = dict(re.findall(r"libmpi-mapped rank=(\d+) path=(\S+?)(?=libmpi-mapped|\s|$)",
+                             stdout))
+    assert sorted(mapped) == ["0", "1"], stdout
+    assert all(p == f"{HOST_LIB}libmpi.so.40" for p in mapped.values()), mapped
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])

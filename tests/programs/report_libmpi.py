@@ -30,4 +30,8 @@ try:
 finally:
     rank = next((os.environ[k] for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
                  if k in os.environ), "?")
-    print(f"libmpi-mapped rank={rank} path={','.join(mapped_libmpi()) or 'none'}", flush=True)
+    sys.stdout.flush()
+    # one write(2) for the whole line: mpirun forwards output in chunks as they come, and a
+    # separate newline let two ranks' lines run together
+    line = f"libmpi-mapped rank={rank} path={','.join(mapped_libmpi()) or 'none'}\n"
+    os.write(sys.stdout.fileno(), line.encode())
