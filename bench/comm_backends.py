@@ -24,7 +24,6 @@ hit all backends alike.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import tempfile
 from pathlib import Path
 
 from common import gan_data, loopback_env
+
+from hpcai.training.config import horovod_built
 
 BATCH = {"resnet50": 8, "3dgan": 8}
 EXTRA = {"resnet50": ["--samples", "256", "--image-size", "112"], "3dgan": []}
@@ -41,10 +42,7 @@ def available(comm: str, framework: str) -> bool:
     if comm == "gloo":
         return framework == "pytorch"
     if comm == "horovod":
-        spec = importlib.util.find_spec("horovod")
-        sub = "torch" if framework == "pytorch" else "tensorflow"
-        return bool(spec and any((Path(list(spec.submodule_search_locations)[0]) / sub)
-                                 .glob("mpi_lib*.so")))
+        return horovod_built("torch" if framework == "pytorch" else "tensorflow")
     return True
 
 

@@ -15,25 +15,17 @@ from pathlib import Path
 import pytest
 
 from conftest import base_env, run
+from hpcai.training.config import horovod_built
 
 pytestmark = pytest.mark.mpi
 PROGRAMS = Path(__file__).parent / "programs"
 BUILD_HINT = "Horovod is not built here: run scripts/build-horovod.sh (README, 'Horovod')"
 
 
-def _built(framework: str) -> bool:
-    """Horovod's compiled ops for ``framework`` are installed (checked without importing:
-    the tests run them in their own processes)."""
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    package = Path(list(spec.submodule_search_locations)[0])
-    return any((package / framework).glob("mpi_lib*.so"))
-
-
-needs_hvd_torch = pytest.mark.skipif(not _built("torch"), reason=BUILD_HINT)
+# checked without importing Horovod: the tests run it in their own processes
+needs_hvd_torch = pytest.mark.skipif(not horovod_built("torch"), reason=BUILD_HINT)
 needs_hvd_tf = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None or not _built("tensorflow"),
+    importlib.util.find_spec("tensorflow") is None or not horovod_built("tensorflow"),
     reason=BUILD_HINT + " (with TensorFlow)")
 
 WORKER = re.compile(r"horovod-worker rank=(\d+) size=(\d+) local_rank=(\d+) local_size=(\d+) "

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hpcai.slurm.localcluster import LocalCluster, missing_programs
+from hpcai.training.config import horovod_built
 
 SRUN_TIMEOUT = 120
 VENV_BIN = os.path.dirname(sys.executable)     # the venv running pytest holds hpcai-launch
@@ -308,17 +309,9 @@ def test_srun_without_pmi_is_warned_about(real_node):
     assert result.stderr.count("warning: srun started the ranks without a PMI plugin") == 1
 
 
-def _horovod_built() -> bool:
-    import importlib.util
-
-    spec = importlib.util.find_spec("horovod")
-    return bool(spec and spec.submodule_search_locations and any(
-        (Path(list(spec.submodule_search_locations)[0]) / "torch").glob("mpi_lib*.so")))
-
-
 HOROVOD_SCRIPT = str(Path(__file__).parent / "programs" / "horovod_synthetic_benchmark.py")
 needs_horovod = pytest.mark.skipif(
-    not _horovod_built(),
+    not horovod_built("torch"),
     reason="Horovod is not built here: run scripts/build-horovod.sh (README, 'Horovod')")
 
 

@@ -177,8 +177,6 @@ def check_framework(cfg: TrainConfig) -> None:
     """TensorFlow and Keras 3 import, and the model exists in Keras (before MPI starts)."""
     if cfg.framework != "tensorflow":
         return
-    import importlib.util
-
     missing = [m for m in ("tensorflow", "keras") if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"--framework tensorflow, but {' and '.join(missing)} cannot be "
@@ -195,6 +193,20 @@ def check_framework(cfg: TrainConfig) -> None:
 
 _ABI_OF_SONAME = {"libmpi.so.40": "openmpi", "libmpi.so.12": "mpich",
                   "libmpich.so.12": "mpich"}
+
+
+def horovod_package() -> Path | None:
+    """The installed ``horovod`` package directory (found without importing it), or None."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def horovod_built(framework: str) -> bool:
+    """Horovod's compiled MPI ops for ``framework`` ("torch" or "tensorflow") are installed."""
+    package = horovod_package()
+    return package is not None and any((package / framework).glob("mpi_lib*.so"))
 
 
 def horovod_mpi_abi(package_dir: str | os.PathLike) -> tuple[str, str] | None:
@@ -215,9 +227,9 @@ def check_comm(comm: str, framework: str = "pytorch") -> None:
     if comm != "horovod":
         return
     module = "horovod.tensorflow" if framework == "tensorflow" else "horovod.torch"
-    spec = importlib.util.find_spec("horovod")
-    if spec is not None and spec.submodule_search_locations:
-        linked = horovod_mpi_abi(list(spec.submodule_search_locations)[0])
+    package = horovod_package()
+    if package is not None:
+        linked = horovod_mpi_abi(package)
         job_abi = os.environ.get("MPI4PY_MPIABI", "")
         if linked and job_abi and linked[0] != job_abi:
             raise UserError(f"--comm horovod, but Horovod is built against {linked[1]} "

@@ -19,25 +19,17 @@ trainable inputs below them), one full iteration per real sample.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import numpy as np
 
-# TensorFlow's C++ log: errors only by default. Its graph optimiser logs "remapper failed"
-# as an error for the 3DGAN's LeakyReLU gradients and carries on without that fusion; set
-# TF_CPP_MIN_LOG_LEVEL=0 to see everything.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from hpcai.models.gan3d import E_MAX, E_MIN, EPS, LOSS_WEIGHTS, sampling_fraction
+from hpcai.models.gan3d_keras import LATENT
 
 FLOP_CONVENTION_TF = (
     "1 multiply-add = 2 FLOP, counted analytically per Conv/Dense layer of the Keras model; "
     "training FLOPs = forward + backward (weight gradients of the layers being trained, "
     "input gradients where they are needed) of one full iteration")
-
-LOSS_WEIGHTS = (8.0, 0.2, 0.1)
-E_MIN, E_MAX = 0.1, 5.0
-EPS = 1e-7
-
 
 def make_keras_optimizer(name: str, lr: float):
     import keras
@@ -47,11 +39,6 @@ def make_keras_optimizer(name: str, lr: float):
     if name == "rmsprop":
         return keras.optimizers.RMSprop(learning_rate=lr, rho=0.9)
     return keras.optimizers.SGD(learning_rate=lr, momentum=0.9, weight_decay=1e-4)
-
-
-def sampling_fraction(e):
-    """f(E') as in models/gan3d.py (works on NumPy arrays and tf tensors)."""
-    return e * (0.0018 * e**4 - 0.023 * e**3 + 0.11 * e**2 - 0.28 * e + 2.21)
 
 
 def _bce(p, y):
@@ -65,6 +52,11 @@ def _mape(y, yhat):
     import tensorflow as tf
 
     return 100.0 * tf.reduce_mean(tf.abs(y - yhat) / tf.maximum(tf.abs(y), EPS))
+
+
+def weighted_loss(parts):
+    """w0 BCE + w1 MAPE(aux) + w2 MAPE(ecal), the spec's loss weights."""
+    return sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
 
 
 def moving_statistics(model) -> list:
@@ -82,8 +74,8 @@ def is_rng_state(variable) -> bool:
 
 
 # -- analytic FLOPs --------------------------------------------------------------------------
-def layer_macs(model) -> list[tuple[str, int, bool]]:
-    """(layer name, forward multiply-adds per sample, has trainable weights) for Conv/Dense."""
+def layer_macs(model) -> list[tuple[str, int]]:
+    """(layer name, forward multiply-adds per sample) of every Conv/Dense layer, in order."""
     import keras
 
     out = []
@@ -97,7 +89,7 @@ def layer_macs(model) -> list[tuple[str, int, bool]]:
             macs = int(np.prod(layer.kernel.shape))
         else:
             continue
-        out.append((layer.name, macs, bool(layer.trainable_weights)))
+        out.append((layer.name, macs))
     return out
 
 
@@ -108,7 +100,7 @@ def pass_flops(model, *, train_weights: bool, input_grad: bool, backward: bool =
     model's input (a frozen D under G), otherwise the first layer needs no input gradient.
     """
     total = 0
-    for i, (_, macs, _) in enumerate(layer_macs(model)):
+    for i, (_, macs) in enumerate(layer_macs(model)):
         total += 2 * macs
         if backward:
             total += 2 * macs if train_weights else 0
@@ -151,7 +143,7 @@ class KerasGanTask:
         with tf.GradientTape() as tape:
             fake, aux, ecal = self.D(x, training=True)
             parts = (_bce(fake, labels), _mape(aux_target, aux), _mape(ecal_target, ecal))
-            total = sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
+            total = weighted_loss(parts)
         return total, parts, tape.gradient(total, self.D.trainable_variables)
 
     def _g_grads_py(self, latent, e_s):
@@ -162,7 +154,7 @@ class KerasGanTask:
             fake, aux, ecal = self.D(x_hat, training=True)
             parts = (_bce(fake, tf.ones_like(fake)), _mape(e_s, aux),
                      _mape(sampling_fraction(e_s), ecal))
-            total = sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
+            total = weighted_loss(parts)
         grads = tape.gradient(total, self.G.trainable_variables)
         with tf.control_dependencies(grads):
             for v, s in zip(self._d_moving, saved):   # frozen D: moving stats unchanged
@@ -178,7 +170,7 @@ class KerasGanTask:
     @staticmethod
     def _inputs(rng: np.random.Generator, n: int):
         e = (rng.random((n, 1)) * (E_MAX - E_MIN) + E_MIN).astype(np.float32)
-        z = rng.standard_normal((n, 200)).astype(np.float32)
+        z = rng.standard_normal((n, LATENT)).astype(np.float32)
         return e, e * z
 
     @staticmethod
@@ -221,7 +213,6 @@ class KerasGanTask:
 
     def evaluate(self, x, e) -> dict[str, float]:
         """As GanTask.evaluate: no dropout, batch statistics, nothing updated."""
-        tf = self.tf
         x = self._image(np.asarray(x, dtype=np.float32))
         n = x.shape[0]
         ev = np.asarray(e, dtype=np.float32).reshape(n, 1)

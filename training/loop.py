@@ -35,6 +35,8 @@ def report_before_mpi(exc: UserError) -> int:
 def preflight(cfg: TrainConfig):
     """Every check that can fail on bad input, before MPI and before writing anything."""
     if cfg.framework == "tensorflow":   # before anything imports TensorFlow (Horovod may)
+        # errors only: TF's graph optimiser logs "remapper failed" as an error for the
+        # 3DGAN's LeakyReLU gradients and goes on without that fusion (0 shows everything)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     check_output_dir(cfg.out_dir)
     check_framework(cfg)
@@ -58,9 +60,9 @@ def run(cfg: TrainConfig) -> int:
     except UserError as exc:
         return report_before_mpi(exc)
     if cfg.framework == "tensorflow":
-        from .tf_trainer import TfTrainer as Trainer, set_tf_threads
+        from .tf_trainer import TfTrainer as Trainer
 
-        set_tf_threads()
+        _set_tf_threads()
     else:
         from .trainer import Trainer
 
@@ -75,16 +77,35 @@ def run(cfg: TrainConfig) -> int:
     return 1  # not reached: abort_on_error aborts
 
 
+def _planned_threads(default: int) -> tuple[int, int]:
+    """(intra-op, inter-op) threads from the placement plan's rank environment."""
+    intra = int(os.environ.get("HPCAI_INTRA_OP_THREADS") or os.environ.get("OMP_NUM_THREADS")
+                or default)
+    return intra, int(os.environ.get("HPCAI_INTER_OP_THREADS", "1"))
+
+
 def _set_threads() -> int:
     import torch
 
-    threads = int(os.environ.get("HPCAI_INTRA_OP_THREADS") or os.environ.get("OMP_NUM_THREADS")
-                  or torch.get_num_threads())
+    threads, inter = _planned_threads(torch.get_num_threads())
     torch.set_num_threads(threads)
     try:
-        torch.set_num_interop_threads(int(os.environ.get("HPCAI_INTER_OP_THREADS", "1")))
+        torch.set_num_interop_threads(inter)
     except RuntimeError:
         pass  # already set (a parallel op ran first)
     return threads
+
+
+def _set_tf_threads() -> tuple[int, int]:
+    """TensorFlow's intra-op / inter-op pools (before TensorFlow runs any op)."""
+    import tensorflow as tf
+
+    intra, inter = _planned_threads(os.cpu_count() or 1)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        pass  # TensorFlow already initialised its runtime (a second trainer in one process)
+    return intra, inter
 
 

@@ -33,6 +33,18 @@ def count_flops(fn) -> int:
     return int(counter.get_total_flops())
 
 
+def best_gemm_gflops(multiply, size: int, repeats: int) -> float:
+    """GFLOP/s of the fastest of ``repeats`` calls of ``multiply()`` (one size^3 product,
+    finished when it returns), after one warm-up call."""
+    multiply()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        multiply()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
 def gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
     """Best-of-N fp32 GEMM rate of this process with its current torch thread count.
 
@@ -40,13 +52,7 @@ def gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
     """
     a = torch.randn(size, size)
     b = torch.randn(size, size)
-    torch.mm(a, b)  # warm up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return best_gemm_gflops(lambda: torch.mm(a, b), size, repeats)
 
 
 def libmpi_path() -> str | None:

@@ -34,6 +34,7 @@ def _numpy_dtype(variable) -> np.dtype:
 class _TfBucket:
     indices: list[int]          # positions in the variable / gradient list
     shapes: list[tuple]
+    sizes: list[int]            # elements per variable
     offsets: list[int]
     flat: np.ndarray
 
@@ -70,7 +71,7 @@ class TfGradAllreducer:
             sizes = [_numel(s) for s in shapes]
             offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
             flat = np.zeros(sum(sizes), dtype=_numpy_dtype(variables[idx[0]]))
-            buckets.append(_TfBucket(idx, shapes, offsets, flat))
+            buckets.append(_TfBucket(idx, shapes, sizes, offsets, flat))
         return buckets
 
     @property
@@ -78,8 +79,7 @@ class TfGradAllreducer:
         return sum(b.flat.nbytes for b in self.buckets)
 
     def _pack(self, bucket: _TfBucket, grads) -> None:
-        for i, off, shape in zip(bucket.indices, bucket.offsets, bucket.shapes):
-            n = _numel(shape)
+        for i, off, n in zip(bucket.indices, bucket.offsets, bucket.sizes):
             g = grads[i]
             if g is None:
                 bucket.flat[off:off + n] = 0
@@ -112,9 +112,8 @@ class TfGradAllreducer:
             bucket.flat /= self.size
             # one copy into TensorFlow per bucket, then views (tf.constant of many small
             # NumPy views took 2-5x longer)
-            flat = tf.constant(bucket.flat)
-            sizes = [_numel(shape) for shape in bucket.shapes]
-            for i, part, shape in zip(bucket.indices, tf.split(flat, sizes), bucket.shapes):
+            parts = tf.split(tf.constant(bucket.flat), bucket.sizes)
+            for i, part, shape in zip(bucket.indices, parts, bucket.shapes):
                 out[i] = tf.reshape(part, shape)
             self.stats.allreduces += 1
             self.stats.bytes += bucket.flat.nbytes
@@ -151,8 +150,7 @@ class HorovodTfAverager:
             self.comm.Barrier()
             self.stats.imbalance_s += time.perf_counter() - start
         tensors = [tf.convert_to_tensor(g) for g in grads]
-        out = self._hvd.grouped_allreduce(tensors, op=self._hvd.Average)
-        out = [tf.identity(t) for t in out]
+        out = list(self._hvd.grouped_allreduce(tensors, op=self._hvd.Average))
         self.stats.wait_s += time.perf_counter() - start
         self.stats.allreduces += 1
         self.stats.bytes += self.nbytes

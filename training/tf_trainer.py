@@ -17,25 +17,10 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
+from .keras_tasks import is_rng_state, make_keras_task, moving_statistics
+from .metrics import best_gemm_gflops
 from .replicas import compare_fingerprints
 from .trainer import Trainer
-
-
-def set_tf_threads() -> tuple[int, int]:
-    """TensorFlow's intra-op / inter-op pools from the placement plan (before any TF op)."""
-    from . import keras_tasks  # noqa: F401 - sets TensorFlow's log level before its import
-
-    import tensorflow as tf
-
-    intra = int(os.environ.get("HPCAI_INTRA_OP_THREADS") or os.environ.get("OMP_NUM_THREADS")
-                or os.cpu_count() or 1)
-    inter = int(os.environ.get("HPCAI_INTER_OP_THREADS", "1"))
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:
-        pass  # TensorFlow already initialised its runtime (a second trainer in one process)
-    return intra, inter
 
 
 def tf_gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
@@ -44,18 +29,10 @@ def tf_gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
 
     a = tf.random.normal((size, size))
     b = tf.random.normal((size, size))
-    tf.linalg.matmul(a, b).numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.linalg.matmul(a, b).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return best_gemm_gflops(lambda: tf.linalg.matmul(a, b).numpy(), size, repeats)
 
 
 def _state_of(model) -> list:
-    from .keras_tasks import is_rng_state
-
     return [v for v in model.variables if not is_rng_state(v)]
 
 
@@ -69,8 +46,6 @@ class TfTrainer(Trainer):
         return tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
 
     def _make_task(self):
-        from .keras_tasks import make_keras_task
-
         return make_keras_task(self.cfg, self.target_lr, rank=self.rank)
 
     def _variables(self, trainable_only: bool = False) -> list:
@@ -129,14 +104,13 @@ class TfTrainer(Trainer):
                                for k, o in self.task.optimizers.items()}}
 
     def _load_task_state(self, state: dict) -> None:
-        targets = [(f"modules/{k}", _state_of(m)) for k, m in self.task.models.items()]
-        targets += [(f"optimizers/{k}", o.variables) for k, o in self.task.optimizers.items()]
-        for name, variables in targets:
-            group, key = name.split("/")
+        targets = [("modules", k, _state_of(m)) for k, m in self.task.models.items()]
+        targets += [("optimizers", k, o.variables) for k, o in self.task.optimizers.items()]
+        for group, key, variables in targets:
             saved = state[group][key]
             if len(saved) != len(variables):
-                raise ValueError(f"checkpoint {name}: {len(saved)} arrays, this model has "
-                                 f"{len(variables)} variables")
+                raise ValueError(f"checkpoint {group}/{key}: {len(saved)} arrays, this model "
+                                 f"has {len(variables)} variables")
             for v, array in zip(variables, saved):
                 v.assign(array)
 
@@ -154,8 +128,6 @@ class TfTrainer(Trainer):
                 "framework_version": f"tensorflow {tf.__version__}, keras {keras.__version__}"}
 
     def _average_bn(self) -> None:
-        from .keras_tasks import moving_statistics
-
         for model in self.task.models.values():
             for v in moving_statistics(model):
                 array = np.ascontiguousarray(v.numpy())

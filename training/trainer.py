@@ -241,8 +241,8 @@ class Trainer:
         out = cfg.out_dir
         if self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x {self.threads} "
-                  f"thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
+            print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x "
+                  f"{self.threads} thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
                   f"({cfg.lr_scaling} scaling of {cfg.lr:g}), {self.steps} steps/epoch, "
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
                   f"{prov['mpi_library_version'][:40]}", flush=True)

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from hpcai.models import gan3d_keras as gk  # noqa: E402
-from hpcai.training.keras_tasks import LOSS_WEIGHTS, _bce, _mape  # noqa: E402
+from hpcai.training.keras_tasks import _bce, _mape, weighted_loss  # noqa: E402
 from hpcai.training.tf_allreduce import TfGradAllreducer  # noqa: E402
 
 GLOBAL = 2
@@ -56,7 +56,7 @@ for _ in range(3):
         fake, aux, ecal = D(x, training=False)
         parts = (_bce(fake, tf.ones_like(fake)), _mape(e, aux),
                  _mape(x.reshape(b, -1).sum(axis=1, keepdims=True), ecal))
-        loss = sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
+        loss = weighted_loss(parts)
     grads = tape.gradient(loss, D.trainable_variables)
     if "--no-average" not in sys.argv:
         grads = reducer.average(grads)
