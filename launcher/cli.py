@@ -28,19 +28,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
+from typing import Callable
 
-from .errors import USAGE_EXIT, UserError
+from ..core.cli import Parser, run_main, say_error, split_command
+from ..core.errors import UserError
 from .plan import LAUNCHERS, MPI_CHOICES, Options, build_plan, gather_facts
 
 
-SUBCOMMANDS = {"validate": ".validate", "sbatch": ".sbatch", "sweep": ".sweep",
-               "report": ".report", "export-onnx": "hpcai.training.export"}
+def _validate(argv: list[str]) -> int:
+    from .validate import main as validate
+    return validate(argv)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message, "see hpcai-launch --help")
+def _sbatch(argv: list[str]) -> int:
+    from ..slurm.sbatch import main as sbatch
+    return sbatch(argv)
+
+
+def _sweep(argv: list[str]) -> int:
+    from ..slurm.sweep import main as sweep
+    return sweep(argv)
+
+
+def _report(argv: list[str]) -> int:
+    from ..slurm.report import run as report
+    return report(argv)
+
+
+def _export_onnx(argv: list[str]) -> int:
+    from ..training.export import main as export_onnx
+    return export_onnx(argv)
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
+    "export-onnx": _export_onnx}
 
 
 def _env_int(name: str) -> int | None:
@@ -48,8 +70,8 @@ def _env_int(name: str) -> int | None:
     return int(value) if value and value.lstrip("-").isdigit() else None
 
 
-def make_parser() -> _Parser:
-    p = _Parser(prog="hpcai-launch", description=__doc__,
+def make_parser() -> Parser:
+    p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
     place.add_argument("--ranks-per-node", "-N", type=int,
@@ -100,11 +122,7 @@ def make_parser() -> _Parser:
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
-    if "--" in argv:
-        split = argv.index("--")
-        head, command = argv[:split], argv[split + 1:]
-    else:
-        head, command = argv, None
+    head, command = split_command(argv)
     ns = make_parser().parse_args(head)
     if command is None:
         command = ns.command
@@ -126,23 +144,24 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = "-v" in argv[: argv.index("--")] if "--" in argv else "-v" in argv
-    loud = True
-    if argv[:1] and argv[0] in SUBCOMMANDS:
-        import importlib
-        module = importlib.import_module(SUBCOMMANDS[argv[0]], __package__)
-        try:
-            return module.main(argv[1:])
-        except UserError as exc:
-            if verbose:
-                traceback.print_exc()
-            print(exc.render(), file=sys.stderr, flush=True)
-            return USAGE_EXIT
-    try:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] and args[0] in SUBCOMMANDS:
+        return run_main(SUBCOMMANDS[args[0]], args[1:])
+    launch = _Launch()
+    return run_main(launch, args, report=launch.report)
+
+
+class _Launch:
+    """Plan, then print it (``--dry-run``) or carry it out. In rank mode only local rank 0
+    reports a user error (every rank hits the same one)."""
+
+    def __init__(self) -> None:
+        self.loud = True
+
+    def __call__(self, argv: list[str]) -> int:
         options, ns = parse(argv)
         facts = gather_facts(options)
-        loud = facts.rank is None or facts.rank.local_rank == 0
+        self.loud = facts.rank is None or facts.rank.local_rank == 0
         plan = build_plan(options, facts)
         if ns.dry_run:
             print(plan.to_json() if ns.json else plan.render())
@@ -150,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         from .execute import exec_plan
         exec_plan(plan, report_bindings=options.report_bindings)
         return 0  # not reached: exec_plan replaces the process
-    except UserError as exc:
-        if verbose:
-            traceback.print_exc()
-        if loud:
-            print(exc.render(), file=sys.stderr, flush=True)
-        return USAGE_EXIT
+
+    def report(self, exc: UserError) -> None:
+        if self.loud:
+            say_error(exc)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import containers, hostlibs, preflight
 from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
-from .errors import UserError
+from ..core.errors import UserError
 from .site import SiteProfile
 
 

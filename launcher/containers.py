@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
-from .errors import UserError
+from ..core.errors import UserError
 
 HOST_MOUNT = "/opt/hpcai/host"      # empty mount point in images built by charliecloud/
 WORK_MOUNT = "/opt/hpcai/work"      # the launch directory

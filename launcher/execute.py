@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from ..core.errors import UserError
 from .plan import LaunchPlan
 from .topology import format_cpulist
 

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..core.errors import UserError
 from .placement import Placement
 
 

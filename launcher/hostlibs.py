@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import elf
-from .errors import UserError
+from ..core.errors import UserError
 from .site import SiteProfile
 
 MULTIARCH = f"{platform.machine()}-linux-gnu"

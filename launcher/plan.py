@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import flavours
-from .errors import UserError
+from ..core.errors import UserError
 from .flavours import Flavour, MpiInstall
 from .hosts import parse_hosts
 from .placement import Placement, plan_placement, thread_env

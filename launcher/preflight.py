@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import elf
-from .errors import UserError
+from ..core.errors import UserError
 
 MANIFEST = "opt/hpcai/manifest.json"
 IMAGE_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from .hosts import expand_hostlist, parse_tasks_per_node
+from ..slurm.nodelist import expand_hostlist, parse_tasks_per_node
 
 PORT_BASE = 20000   # below Linux's ephemeral range (32768-60999)
 PORT_SPAN = 12000

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
+from ..core.errors import UserError
 
 try:
     import tomllib

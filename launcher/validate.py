@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from .containers import HOST_MOUNT
-from .errors import UserError
+from ..core.errors import UserError
 
 DEFAULT_THRESHOLD = 0.8
 BENCH_KEYS = ("bandwidth_GBps", "allreduce_GBps")

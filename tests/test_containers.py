@@ -113,7 +113,7 @@ def test_validate_passes_with_host_mpi_and_fails_without(image, tmp_path):
 
 
 def test_srun_starts_containerised_ranks_with_host_mpi(image, tmp_path):
-    from hpcai.slurm.localcluster import LocalCluster
+    from localcluster import LocalCluster
 
     if not shutil.which("slurmctld"):
         pytest.skip("Slurm not installed")
@@ -166,7 +166,7 @@ def test_unmodified_horovod_script_in_container_uses_host_mpi(launcher, image, t
         result = run(["hpcai-launch", "-N", "2", "--container", str(image), "--", *command],
                      image_env(), cwd=tmp_path, timeout=300)
     else:
-        from hpcai.slurm.localcluster import LocalCluster
+        from localcluster import LocalCluster
 
         if not shutil.which("slurmctld"):
             pytest.skip("Slurm not installed")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcai.launcher.errors import UserError
+from hpcai.core.errors import UserError
 from hpcai.training import showers
 from hpcai.training.gan_data import (DatasetIndex, EpochSharder, ShowerReader, SyntheticImages,
                                      batches, find_files, preprocess, validate)

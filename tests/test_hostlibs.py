@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hpcai.launcher import elf, hostlibs, preflight
-from hpcai.launcher.errors import UserError
+from hpcai.core.errors import UserError
 from hpcai.launcher.hostlibs import HostMpi, LibFile
 from hpcai.launcher.site import SiteProfile
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcai.launcher.errors import UserError
+from hpcai.core.errors import UserError
 from hpcai.launcher.placement import plan_placement, thread_env
 from hpcai.launcher.topology import synthetic
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcai.launcher.hosts import expand_hostlist, parse_tasks_per_node
+from hpcai.slurm.nodelist import expand_hostlist, parse_tasks_per_node
 from hpcai.launcher.rankenv import from_environ, rendezvous_port, torch_env
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.slurm.localcluster import LocalCluster, missing_programs
+from localcluster import LocalCluster, missing_programs
 from hpcai.training.config import horovod_built
 
 SRUN_TIMEOUT = 120

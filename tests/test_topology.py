@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from hpcai.launcher import topology
-from hpcai.launcher.errors import UserError
+from hpcai.core.errors import UserError
 
 
 def test_parse_and_format_cpulist_roundtrip():

@@ -294,7 +294,7 @@ class HorovodTransport:
 def check_horovod_world(hvd, comm) -> None:
     """Horovod must see the same world as mpi4py: a Horovod built against another MPI than
     the one the launcher chose sees N singleton worlds (or fails) - say so, by name."""
-    from hpcai.launcher.errors import UserError
+    from ..core.errors import UserError
 
     if (hvd.size(), hvd.rank()) != (comm.Get_size(), comm.Get_rank()):
         raise UserError(

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import sys
 
-from hpcai.launcher.errors import UserError
+from ..core.cli import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import parse
-    from .loop import report_before_mpi, run
+    from .loop import report_before_mpi
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = parse(argv)
-    except UserError as exc:
-        return report_before_mpi(exc)
-    return run(cfg)
+    return run_main(_train, argv, report=report_before_mpi)
+
+
+def _train(argv: list[str]) -> int:
+    from .config import parse
+    from .loop import run
+
+    return run(parse(argv))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpcai.launcher.errors import UserError
+from ..core.errors import UserError
 
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
 COMMS = ("mpi", "gloo", "horovod")
@@ -71,9 +71,9 @@ class TrainConfig:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from hpcai.launcher.cli import _Parser
+    from ..core.cli import Parser
 
-    p = _Parser(prog="hpcai-train",
+    p = Parser(prog="hpcai-train",
                 description="Synchronous data-parallel training over MPI (run it under "
                             "hpcai-launch: `hpcai-launch -N 2 -- train 3dgan ...`).")
     p.add_argument("model", choices=MODELS)
@@ -212,7 +212,7 @@ def horovod_built(framework: str) -> bool:
 def horovod_mpi_abi(package_dir: str | os.PathLike) -> tuple[str, str] | None:
     """(MPI ABI, soname) that Horovod's compiled ops link against, read from their ELF
     DT_NEEDED (no import, nothing loaded), or None if no MPI library is named."""
-    from hpcai.launcher.elf import read_elf
+    from ..launcher.elf import read_elf
 
     for lib in sorted(Path(package_dir).glob("*/mpi_lib*.so")):
         for needed in read_elf(lib).needed:

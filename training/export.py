@@ -16,7 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from hpcai.launcher.errors import UserError
+from ..core.cli import Parser
+from ..core.errors import UserError
 
 ATOL, RTOL = 1e-4, 1e-4
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
@@ -49,7 +50,7 @@ def build(state: dict, model: str):
     """The module to export and an example input, with the checkpoint's weights."""
     import torch
 
-    from hpcai.models import gan3d, resnet
+    from ..models import gan3d, resnet
 
     if state["model"] != model:
         raise UserError(f"the checkpoint is of model {state['model']!r}, not {model!r}",
@@ -102,9 +103,7 @@ def compare(net, example, out: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from hpcai.launcher.cli import _Parser
-
-    p = _Parser(prog="hpcai-launch export-onnx", description=__doc__,
+    p = Parser(prog="hpcai-launch export-onnx", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("--model", choices=MODELS, required=True)

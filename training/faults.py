@@ -51,7 +51,7 @@ class Preemption:
 @contextmanager
 def abort_on_error(comm, label: str = "hpcai-train"):
     """Turn an exception on this rank into a reported MPI_Abort of the whole job."""
-    from hpcai.launcher.errors import UserError
+    from ..core.errors import UserError
 
     try:
         yield

@@ -51,7 +51,7 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
-from hpcai.launcher.errors import UserError
+from ..core.errors import UserError
 
 GRID = 25
 THRESHOLD = 1e-6   # cells below this (GeV) are set to 0, as in the reference

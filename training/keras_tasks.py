@@ -23,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from hpcai.models.gan3d import E_MAX, E_MIN, EPS, LOSS_WEIGHTS, sampling_fraction
-from hpcai.models.gan3d_keras import LATENT
+from ..models.gan3d import E_MAX, E_MIN, EPS, LOSS_WEIGHTS, sampling_fraction
+from ..models.gan3d_keras import LATENT
 
 FLOP_CONVENTION_TF = (
     "1 multiply-add = 2 FLOP, counted analytically per Conv/Dense layer of the Keras model; "
@@ -118,7 +118,7 @@ class KerasGanTask:
         import keras
         import tensorflow as tf
 
-        from hpcai.models import gan3d_keras as gk
+        from ..models import gan3d_keras as gk
 
         self.tf = tf
         keras.utils.set_random_seed(cfg.seed)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from hpcai.launcher.errors import UserError
+from ..core.cli import say_error
+from ..core.errors import UserError
 
 from .config import TrainConfig, check_comm, check_framework, check_output_dir
 
@@ -25,11 +26,10 @@ def _rank_from_env() -> int:
     return 0
 
 
-def report_before_mpi(exc: UserError) -> int:
-    """Every rank hit the same user error before MPI started: rank 0 says it, all exit 2."""
+def report_before_mpi(exc: UserError) -> None:
+    """Every rank hit the same user error before MPI started: only rank 0 says it."""
     if _rank_from_env() == 0:
-        print(exc.render(), file=sys.stderr, flush=True)
-    return 2
+        say_error(exc)
 
 
 def preflight(cfg: TrainConfig):
@@ -55,10 +55,7 @@ def preflight(cfg: TrainConfig):
 
 def run(cfg: TrainConfig) -> int:
     """Entry point on every rank. Returns the process exit code."""
-    try:
-        index = preflight(cfg)
-    except UserError as exc:
-        return report_before_mpi(exc)
+    index = preflight(cfg)   # a UserError here is reported by core.cli.run_main
     if cfg.framework == "tensorflow":
         from .tf_trainer import TfTrainer as Trainer
 

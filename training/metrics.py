@@ -56,7 +56,7 @@ def gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
 
 
 def libmpi_path() -> str | None:
-    from hpcai.launcher.probe import mapped_libraries
+    from ..launcher.probe import mapped_libraries
 
     libs = mapped_libraries()
     return libs[0] if libs else None

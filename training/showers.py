@@ -65,7 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcai.launcher.errors import USAGE_EXIT, UserError
+from ..core.cli import Parser, run_main
+from ..core.errors import UserError
 
 GRID = 25                 # cells per axis of ECAL
 HCAL_SHAPE = (5, 5, 60)   # present in the real files, unused by 3DGAN
@@ -224,15 +225,11 @@ def generate(out_dir: str | os.PathLike, n_files: int = 2, events_per_file: int 
     return written
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message, "see python -m hpcai.training.showers generate --help")
-
-
-def _parser() -> _Parser:
-    p = _Parser(prog="python -m hpcai.training.showers",
-                description="Write synthetic 3DGAN calorimeter showers (real file layout).")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _parser() -> Parser:
+    hint = "see hpcai-data generate --help"
+    p = Parser(prog="hpcai-data", hint=hint,
+               description="Write synthetic 3DGAN calorimeter showers (real file layout).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     g = sub.add_parser("generate", help="write Ele_{seed}_{i}.h5 files")
     g.add_argument("--out", required=True, help="output directory (created if missing)")
     g.add_argument("--files", type=int, default=2, help="number of files (default 2)")
@@ -245,13 +242,13 @@ def _parser() -> _Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        ns = _parser().parse_args(argv)
-        paths = generate(ns.out, n_files=ns.files, events_per_file=ns.events, seed=ns.seed,
-                         e_min=ns.e_min, e_max=ns.e_max)
-    except UserError as exc:
-        print(exc.render(), file=sys.stderr, flush=True)
-        return USAGE_EXIT
+    return run_main(_generate_command, argv)
+
+
+def _generate_command(argv: list[str]) -> int:
+    ns = _parser().parse_args(argv)
+    paths = generate(ns.out, n_files=ns.files, events_per_file=ns.events, seed=ns.seed,
+                     e_min=ns.e_min, e_max=ns.e_max)
     total = 0
     for path in paths:
         size = path.stat().st_size

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from hpcai.models import gan3d, resnet
+from ..models import gan3d, resnet
 
 from .config import TrainConfig
 from .metrics import FLOP_CONVENTION, count_flops

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from mpi4py import MPI
 
-from hpcai.launcher.errors import UserError
+from ..core.errors import UserError
 
 from . import checkpoint
 from .allreduce import GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport

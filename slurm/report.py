@@ -45,7 +45,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import USAGE_EXIT, UserError
+from ..core.cli import Parser, run_main
+from ..core.errors import UserError
 
 POINT_FILE = "point.json"
 EPOCHS_FILE = "epochs.jsonl"
@@ -428,13 +429,8 @@ def plot(rows: list[Row], path: str | Path) -> None:
     fig.savefig(path, format="png")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message, "see hpcai-launch report --help")
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="hpcai-launch report",
+    parser = Parser(prog="hpcai-launch report",
                      description="Scaling tables and a plot from a sweep's results.")
     parser.add_argument("results", metavar="RESULTS", help="the directory the sweep wrote")
     parser.add_argument("--out", metavar="DIR", default=None,
@@ -444,7 +440,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _run(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
+    """``hpcai-launch report RESULTS [--out DIR] [--include-first-epoch]``."""
     ns = _parse(argv)
     results = Path(ns.results)
     out = Path(ns.out) if ns.out else results
@@ -481,12 +478,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hpcai-launch report RESULTS [--out DIR] [--include-first-epoch]``."""
-    try:
-        return _run(list(sys.argv[1:] if argv is None else argv))
-    except UserError as exc:
-        print(exc.render(), file=sys.stderr, flush=True)
-        return USAGE_EXIT
+    return run_main(run, argv)
 
 
 if __name__ == "__main__":

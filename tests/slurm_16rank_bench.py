@@ -6,7 +6,7 @@ all on this machine and 127.0.0.1), runs ``hpcai-launch sweep --nodes 4 --ranks-
 --repeat 5`` of a short ResNet training (the ranks share this machine's 2 cores:
 ``--oversubscribe``), and counts the points that finished. Stops the daemons.
 
-    python bench/slurm_16rank.py [--repeat 5]
+    python tests/slurm_16rank_bench.py [--repeat 5]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcai.slurm.localcluster import LocalCluster
+from localcluster import LocalCluster
 
 
 def main() -> int:

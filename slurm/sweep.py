@@ -29,7 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..core.cli import Parser, split_command
+from ..core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -204,21 +205,20 @@ def _cores(ns) -> int:
     if ns.cores_per_node:
         return ns.cores_per_node
     if ns.site:
-        from .site import SiteProfile
+        from ..launcher.site import SiteProfile
         site = SiteProfile.load(ns.site)
         if site.cores_per_node:
             return site.cores_per_node
-    from .topology import load
+    from ..launcher.topology import load
     return len(load(ns.topology).cores)
 
 
 def main(argv: list[str]) -> int:
     from . import sbatch as sb
-    from .cli import _Parser
 
-    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, [])
-    p = _Parser(prog="hpcai-launch sweep", description=__doc__,
+    head, rest = split_command(argv)
+    command = rest or []
+    p = Parser(prog="hpcai-launch sweep", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sb.add_job_options(p)
     p.set_defaults(nodes=None, ranks_per_node=None)
@@ -262,5 +262,5 @@ def main(argv: list[str]) -> int:
         else:
             _run_mpirun(points, command, results, ns)
     collect_status(results, _epochs_of(command) if command else None)
-    from .report import main as report_main
-    return report_main([str(results)])
+    from .report import run as report
+    return report([str(results)])

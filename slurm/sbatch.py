@@ -23,9 +23,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import flavours
-from .errors import UserError
-from .site import SiteProfile
+from ..launcher import flavours
+from ..core.cli import Parser, split_command
+from ..core.errors import UserError
+from ..launcher.site import SiteProfile
 
 DEFAULT_SIGNAL = "USR1@120"
 TRAIN_COMMANDS = ("train", "hpcai-train")
@@ -225,11 +226,9 @@ def spec_from_args(ns: argparse.Namespace, command: list[str], **overrides) -> J
 
 
 def main(argv: list[str]) -> int:
-    from .cli import _Parser
-
-    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, [])
-    p = _Parser(prog="hpcai-launch sbatch", description=__doc__,
+    head, rest = split_command(argv)
+    command = rest or []
+    p = Parser(prog="hpcai-launch sbatch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_options(p)
     p.add_argument("--output", default="hpcai-%j.out")

@@ -15,7 +15,7 @@ On exit it stops exactly the processes it started, by PID, and removes the direc
 
 From a shell::
 
-    python -m hpcai.slurm.localcluster --nodes 2
+    python tests/localcluster.py --nodes 2
     # prints: export SLURM_CONF=/tmp/hpcai-slurm-.../slurm.conf ; waits for Ctrl-C
 """
 
@@ -241,7 +241,7 @@ class LocalCluster:
         ctld_port, *node_ports = free_ports(n_ports)
         cpus = self.cpus_per_node or len(os.sched_getaffinity(0))
         lines = [
-            "# written by hpcai.slurm.localcluster; removed when the cluster stops",
+            "# written by tests/localcluster.py; removed when the cluster stops",
             "ClusterName=hpcai-local",
             f"SlurmctldHost={self.hostname}({LOOPBACK})",
             f"SlurmctldPort={ctld_port}",
@@ -430,7 +430,7 @@ class LocalCluster:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hpcai.slurm.localcluster",
+        prog="python tests/localcluster.py",
         description="Start a private Slurm cluster on this machine until Ctrl-C.")
     parser.add_argument("--nodes", type=int, default=0,
                         help="fake nodes n1..nK on this machine (default 0: the real node)")

@@ -1,0 +1,1 @@
+"""The shared core: user errors and the one command-line entry point."""
