@@ -32,7 +32,8 @@ from typing import Callable
 
 from ..core.cli import Parser, run_main, say_error, split_command
 from ..core.errors import UserError
-from .plan import LAUNCHERS, MPI_CHOICES, Options, build_plan, gather_facts
+from .options import LAUNCHERS, RUNTIMES, Options
+from .plan import MPI_CHOICES, build_plan, gather_facts
 
 
 def _validate(argv: list[str]) -> int:
@@ -101,7 +102,7 @@ def make_parser() -> Parser:
     cont.add_argument("--container", default=os.environ.get("HPCAI_CONTAINER"),
                       help="image: Charliecloud directory/SquashFS or Singularity SIF/sandbox")
     cont.add_argument("--runtime", default=os.environ.get("HPCAI_RUNTIME", "charliecloud"),
-                      choices=("charliecloud", "singularity", "none"))
+                      choices=RUNTIMES)
     cont.add_argument("--bind-host-mpi", dest="bind_host_mpi", action="store_true",
                       default=None, help="bind the host MPI and fabric libraries read-only "
                       "(default: when a container is used and a host MPI is found)")

@@ -68,15 +68,11 @@ def plan_placement(topology: Topology, *, ranks_per_node: int | None = None,
         threads = threads_per_rank
         cores_needed = -(-threads // pus_per_core)
     oversubscribed = cores_needed > available
-    if oversubscribed and not oversubscribe:
+    if oversubscribed and not oversubscribe:   # a NUMA block too small counts too
         total = len(topology.cores)
-        best = max(total // n, 0) * pus_per_core
-        fix = (f"use --threads-per-rank {best} or fewer" if best >= 1
-               else f"use at most {total} ranks per node")
-        raise UserError(
-            f"{n} ranks x {cores_needed} cores each need {n * cores_needed} cores, "
-            f"but the node has {total} ({topology.describe()})",
-            f"{fix}, lower --ranks-per-node, or pass --oversubscribe to share cores")
+        raise oversubscription_error(n, cores_needed, total,
+                                     f"the node has {total} ({topology.describe()})",
+                                     threads_per_core=pus_per_core)
     slots = []
     for rank, block in enumerate(blocks):
         cores = _take(block, topology.cores, rank, cores_needed, oversubscribed)
@@ -89,6 +85,29 @@ def plan_placement(topology: Topology, *, ranks_per_node: int | None = None,
                      hyperthreads=hyperthreads and topology.threads_per_core > 1,
                      oversubscribed=oversubscribed, layout=layout, ranks_per_numa=per_numa,
                      slots=tuple(slots))
+
+
+def check_fits(ranks: int, cores_per_rank: int, cores: int, where: str, *,
+               oversubscribe: bool = False) -> bool:
+    """Do ``ranks`` x ``cores_per_rank`` fit into ``cores``? True when they do not but
+    ``oversubscribe`` allows it; :func:`oversubscription_error` when it does not."""
+    if ranks * cores_per_rank <= cores:
+        return False
+    if oversubscribe:
+        return True
+    raise oversubscription_error(ranks, cores_per_rank, cores, where)
+
+
+def oversubscription_error(ranks: int, cores_per_rank: int, cores: int, where: str, *,
+                           threads_per_core: int = 1) -> UserError:
+    """The one wording for too many cores asked of a node (placement, sbatch, sweep).
+    ``where`` ends the message: "the node has 2 (...)", "nodes of site lrz have 48"."""
+    best = cores // ranks * threads_per_core
+    fix = (f"use --threads-per-rank {best} or fewer" if best >= 1
+           else f"use at most {cores} ranks per node")
+    return UserError(f"{ranks} ranks x {cores_per_rank} cores each need "
+                     f"{ranks * cores_per_rank} cores, but {where}",
+                     f"{fix}, lower --ranks-per-node, or pass --oversubscribe to share cores")
 
 
 def _ranks_per_node(n_domains: int, ranks_per_node: int | None,

@@ -20,42 +20,17 @@ from . import flavours
 from ..core.errors import UserError
 from .flavours import Flavour, MpiInstall
 from .hosts import parse_hosts
+from .options import Options
 from .placement import Placement, plan_placement, thread_env
 from .rankenv import RankInfo, in_slurm_step, torch_env
 from .containers import HOST_MOUNT
 from .topology import Topology
+from ..slurm.srun import SrunStep, srun_argv
 
 if TYPE_CHECKING:
     from .containerplan import ContainerFacts
 
-LAUNCHERS = ("auto", "mpirun", "srun")
 MPI_CHOICES = ("auto", *flavours.FLAVOURS)
-
-
-@dataclass(frozen=True)
-class Options:
-    """What the user asked for (parsed command line)."""
-
-    command: tuple[str, ...]
-    ranks_per_node: int | None = None
-    ranks_per_numa: int | None = None
-    threads_per_rank: int | None = None
-    hyperthreads: bool = False
-    oversubscribe: bool = False
-    launcher: str = "auto"
-    mpi: str = "auto"
-    mpirun: str | None = None
-    hosts: str | None = None
-    nodes: int | None = None
-    topology: str | None = None
-    report_bindings: bool = False
-    verbose: bool = False
-    container: str | None = None
-    runtime: str = "charliecloud"
-    bind_host_mpi: bool | None = None     # None: when a host MPI is found
-    host_libs: str | None = None          # staged by the outer launcher
-    site: str | None = None
-    binds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,30 +212,13 @@ def _rank_plan_entry(placement: Placement, local_rank: int) -> RankPlan:
                     threads=slot.threads, env=tuple(env.items()))
 
 
-def wrapper_args(options: Options, ranks_per_node: int,
-                 container: ContainerFacts | None = None) -> list[str]:
-    """Options the per-rank ``hpcai-launch`` needs to rebuild the same placement."""
-    args = ["--ranks-per-node", str(ranks_per_node)]
-    if options.threads_per_rank is not None:
-        args += ["--threads-per-rank", str(options.threads_per_rank)]
-    for flag, on in (("--hyperthreads", options.hyperthreads),
-                     ("--oversubscribe", options.oversubscribe),
-                     ("--report-bindings", options.report_bindings),
-                     ("-v", options.verbose)):
-        if on:
-            args.append(flag)
-    if options.topology:
-        args += ["--topology", options.topology]
-    if options.mpi != "auto":
-        args += ["--mpi", options.mpi]
-    if container is not None:
-        args += ["--container", container.image, "--runtime", container.runtime]
-        args += ["--host-libs", container.staged] if container.staged else ["--no-bind-host-mpi"]
-        if options.site:
-            args += ["--site", options.site]
-        for bind in options.binds:
-            args += ["--bind", bind]
-    return args
+def wrapper_argv(options: Options, ranks_per_node: int,
+                 container: ContainerFacts | None) -> list[str]:
+    """The per-rank ``hpcai-launch`` options and ``-- CMD`` (rebuilds the same placement)."""
+    return options.for_ranks(
+        ranks_per_node, container=container.image if container else None,
+        runtime=container.runtime if container else options.runtime,
+        host_libs=container.staged if container else None).to_argv()
 
 
 def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str],
@@ -331,34 +289,23 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
         notes.append("running as root: Open MPI needs --allow-run-as-root")
     argv += flavours.BINDING_ARGS[flavour.name](placement)
     argv += flavour.env_args(env)
-    argv += [*facts.self_argv, *wrapper_args(options, rpn, facts.container), "--",
-             *options.command]
+    argv += [*facts.self_argv, *wrapper_argv(options, rpn, facts.container)]
     return LaunchPlan(mode="mpirun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=mpi, compat_links=links, notes=tuple(notes),
                       container=facts.container)
 
 
-def srun_argv(options: Options, flavour: Flavour | None, placement: Placement,
-              nodes: int | None, self_argv: tuple[str, ...], pmi: str | None = None,
+def srun_line(options: Options, pmi: str | None, placement: Placement, topology: Topology,
+              nodes: int | None, self_argv: tuple[str, ...],
               container: ContainerFacts | None = None) -> list[str]:
-    """The srun line that starts this placement (also quoted in mismatch errors).
-
-    ``--kill-on-bad-exit=1``: a rank that dies ends the step instead of leaving the others
-    waiting in a collective.
-    """
-    argv = ["srun"]
-    pmi = flavour.srun_mpi if flavour is not None else pmi
-    if pmi:
-        argv.append(f"--mpi={pmi}")
-    if nodes:
-        argv.append(f"--nodes={nodes}")
-    argv += [f"--ntasks-per-node={placement.ranks_per_node}",
-             f"--cpus-per-task={len(placement.slots[0].cpus)}", "--kill-on-bad-exit=1"]
-    argv += flavours.srun_binding(placement)
-    argv += [*self_argv, *wrapper_args(options, placement.ranks_per_node, container),
-             "--", *options.command]
-    return argv
+    """The srun line that starts this placement (also quoted in mismatch errors)."""
+    step = SrunStep(ranks_per_node=placement.ranks_per_node,
+                    cores_per_rank=min(placement.cores_per_rank, len(topology.cores)),
+                    threads_per_core=topology.threads_per_core, nodes=nodes, pmi=pmi,
+                    oversubscribed=placement.oversubscribed)
+    return srun_argv(step, [*self_argv,
+                            *wrapper_argv(options, placement.ranks_per_node, container)])
 
 
 def _srun_plan(options: Options, facts: Facts, placement: Placement,
@@ -372,8 +319,8 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     flavour = facts.mpi.flavour if facts.mpi else None
     if flavour is None:
         notes.append("MPI flavour unknown: srun uses the site's default --mpi plugin")
-    argv = srun_argv(options, flavour, placement, nodes, facts.self_argv,
-                     container=facts.container)
+    argv = srun_line(options, flavour.srun_mpi if flavour else None, placement,
+                     facts.topology, nodes, facts.self_argv, container=facts.container)
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=facts.mpi, compat_links=links, notes=tuple(notes),
@@ -437,10 +384,10 @@ def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError
             placement = _placement(options, facts.topology, wanted)
             flavour = flavours.get(options.mpi) if options.mpi != "auto" else None
             nodes = len(info.nodes) or None
-            pmi = facts.env.get("SLURM_MPI_TYPE")
-            line = " ".join(_quote(a) for a in srun_argv(
-                options, flavour, placement, nodes, ("hpcai-launch",),
-                pmi=pmi if pmi and pmi != "none" else None))
+            pmi = flavour.srun_mpi if flavour else facts.env.get("SLURM_MPI_TYPE")
+            line = " ".join(_quote(a) for a in srun_line(
+                options, pmi if pmi and pmi != "none" else None, placement, facts.topology,
+                nodes, ("hpcai-launch",)))
             return UserError(message, f"run: {line}")
         except UserError as exc:
             return UserError(message, exc.hint)

@@ -8,7 +8,8 @@ name = "lrz-supermuc-ng"             # shown in plans and reports (default: the 
 mpi_launcher = "srun"                # "srun" or "mpiexec": how ranks are started there
 pmi = "pmi2"                         # srun --mpi= plugin the site's MPI needs
 expected_libmpi = "/lrz/sys/intel/"  # validation fails unless the ranks' libmpi is under this
-cores_per_node = 48                  # integer
+cores_per_node = 48                  # integer: cores (not hardware threads) per node
+threads_per_core = 2                 # integer: hardware threads per core (srun counts them)
 binds = ["/lrz/sys/", "/hppfs/work:/work"]   # extra read-only binds, "SRC[:DST]", absolute
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
 search_dirs = ["/usr/lib64"]                 # where to resolve host libraries' dependencies
@@ -51,6 +52,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "pmi": ("str", 'pmi = "pmi2"'),
     "expected_libmpi": ("str", 'expected_libmpi = "/lrz/sys/intel/"'),
     "cores_per_node": ("int", "cores_per_node = 48"),
+    "threads_per_core": ("int", "threads_per_core = 2"),
 }
 
 
@@ -67,6 +69,7 @@ class SiteProfile:
     pmi: str | None = None
     expected_libmpi: str | None = None
     cores_per_node: int | None = None
+    threads_per_core: int = 1
     path: str | None = None            # the file it was loaded from
 
     @classmethod
@@ -115,7 +118,7 @@ class SiteProfile:
                 "env": dict(self.env), "libraries": list(self.libraries),
                 "search_dirs": list(self.search_dirs), "mpi_launcher": self.mpi_launcher,
                 "pmi": self.pmi, "expected_libmpi": self.expected_libmpi,
-                "cores_per_node": self.cores_per_node}
+                "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core}
 
 
 def _type_name(value: object) -> str:

@@ -20,13 +20,16 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..launcher import flavours
 from ..core.cli import Parser, split_command
 from ..core.errors import UserError
+from ..launcher.placement import check_fits
+from ..launcher.options import Options
 from ..launcher.site import SiteProfile
+from .srun import SrunStep, srun_argv
 
 DEFAULT_SIGNAL = "USR1@120"
 TRAIN_COMMANDS = ("train", "hpcai-train")
@@ -73,14 +76,7 @@ def check(spec: JobSpec) -> None:
     if threads < 1:
         raise UserError(f"--threads-per-rank must be at least 1, got {threads}",
                         "leave it out to use the cores of each rank's share")
-    cores = spec.site.cores_per_node if spec.site else None
-    if cores and spec.ranks_per_node * threads > cores:
-        raise UserError(
-            f"{spec.ranks_per_node} ranks x {threads} threads need "
-            f"{spec.ranks_per_node * threads} cores, but nodes of site "
-            f"{spec.site.name} have {cores}",
-            f"use at most {max(cores // spec.ranks_per_node, 1)} threads per rank, or fewer "
-            "ranks per node")
+    step(spec)   # raises when the ranks do not fit the site's nodes
     if not spec.command:
         raise UserError("no command for the job", "put it after '--', e.g. -- train 3dgan")
 
@@ -97,45 +93,46 @@ def _pmi(spec: JobSpec) -> str | None:
 
 def wrapper_argv(spec: JobSpec) -> list[str]:
     """The per-rank hpcai-launch and the user's command (with --resume for training)."""
-    argv = ["hpcai-launch", "--ranks-per-node", str(spec.ranks_per_node)]
-    if spec.threads_per_rank is not None:
-        argv += ["--threads-per-rank", str(spec.threads_per_rank)]
-    if spec.mpi != "auto":
-        argv += ["--mpi", spec.mpi]
-    if spec.oversubscribe:
-        argv.append("--oversubscribe")
-    if spec.container:
-        argv += ["--container", spec.container, "--runtime", spec.runtime]
-        if spec.site_path:
-            argv += ["--site", spec.site_path]
-        for bind in spec.binds:
-            argv += ["--bind", bind]
     command = list(spec.command)
     is_train = Path(command[0]).name in TRAIN_COMMANDS or command[1:3] == ["-m", "hpcai.training"]
     if is_train and "--resume" not in command:
         command.append("--resume")
-    return [*argv, "--", *command]
+    options = Options(command=tuple(command), threads_per_rank=spec.threads_per_rank,
+                      mpi=spec.mpi, oversubscribe=spec.oversubscribe, runtime=spec.runtime,
+                      site=spec.site_path, binds=spec.binds)
+    per_rank = options.for_ranks(spec.ranks_per_node, container=spec.container,
+                                 runtime=spec.runtime, host_libs=None)
+    if spec.container:   # each node's wrapper finds and stages the host MPI itself
+        per_rank = replace(per_rank, bind_host_mpi=None)
+    return ["hpcai-launch", *per_rank.to_argv()]
 
 
 def launch_argv(spec: JobSpec) -> list[str]:
-    threads = _threads(spec)
     if spec.launcher == "mpiexec":
         return ["mpiexec", "-n", str(spec.nodes * spec.ranks_per_node), "-ppn",
                 str(spec.ranks_per_node), *wrapper_argv(spec)]
-    argv = ["srun"]
-    pmi = _pmi(spec)
-    if pmi:
-        argv.append(f"--mpi={pmi}")
-    argv += [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ranks_per_node}",
-             f"--cpus-per-task={threads}", "--cpu-bind=cores", "--kill-on-bad-exit=1"]
-    return [*argv, *wrapper_argv(spec)]
+    return srun_argv(step(spec), wrapper_argv(spec))
+
+
+def step(spec: JobSpec) -> SrunStep:
+    """The job's srun step: each rank gets its threads' worth of whole cores."""
+    site = spec.site
+    threads = _threads(spec)
+    cores = site.cores_per_node if site else None
+    over = bool(cores) and check_fits(spec.ranks_per_node, threads, cores,
+                                      f"nodes of site {site.name} have {cores}",
+                                      oversubscribe=spec.oversubscribe)
+    return SrunStep(ranks_per_node=spec.ranks_per_node,
+                    cores_per_rank=min(threads, cores) if cores else threads,
+                    threads_per_core=site.threads_per_core if site else 1,
+                    nodes=spec.nodes, pmi=_pmi(spec), oversubscribed=over)
 
 
 def directives(spec: JobSpec) -> list[str]:
     values = {
         "nodes": str(spec.nodes),
         "ntasks-per-node": str(spec.ranks_per_node),
-        "cpus-per-task": str(_threads(spec)),
+        "cpus-per-task": str(step(spec).cpus_per_task),
         "time": spec.time,
         "job-name": spec.job_name,
         "output": spec.output,

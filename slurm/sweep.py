@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..core.cli import Parser, split_command
 from ..core.errors import UserError
+from ..launcher.placement import check_fits
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _batch_of(command: list[str]) -> int | None:
 
 
 def plan_points(nodes: list[int], ranks: list[int], threads: str, cores: int, repeat: int,
-                scaling: str, command: list[str]) -> list[Point]:
+                scaling: str, command: list[str], oversubscribe: bool = False) -> list[Point]:
     """Every point of the sweep (pure). ``threads`` is "auto" or a number."""
     points = []
     base_batch = _batch_of(command)
@@ -80,10 +81,7 @@ def plan_points(nodes: list[int], ranks: list[int], threads: str, cores: int, re
         if t < 1:
             raise UserError(f"--threads-per-rank must be at least 1, got {t}",
                             "or use --threads-per-rank auto")
-        if r * t > cores:
-            raise UserError(f"{r} ranks x {t} threads need {r * t} cores, but nodes have "
-                            f"{cores}", f"use --threads-per-rank auto, or at most "
-                            f"{max(cores // r, 1)} threads for {r} ranks per node")
+        check_fits(r, t, cores, f"nodes have {cores}", oversubscribe=oversubscribe)
         for n in nodes:
             batch = None
             if scaling == "strong" and base_batch:
@@ -249,7 +247,8 @@ def main(argv: list[str]) -> int:
                             "e.g. --threads-per-rank auto")
         if ns.repeat < 1:
             raise UserError("--repeat must be at least 1", "e.g. --repeat 3")
-        points = plan_points(nodes, ranks, threads, _cores(ns), ns.repeat, ns.scaling, command)
+        points = plan_points(nodes, ranks, threads, _cores(ns), ns.repeat, ns.scaling, command,
+                             ns.oversubscribe)
         results.mkdir(parents=True, exist_ok=True)
         if ns.launcher == "slurm":
             ns.threads_per_rank = None   # per point below

@@ -14,7 +14,8 @@ import pytest
 
 from hpcai.launcher import flavours
 from hpcai.launcher.flavours import MpiInstall
-from hpcai.launcher.plan import Facts, Options, build_plan
+from hpcai.launcher.options import Options
+from hpcai.launcher.plan import Facts, build_plan
 from hpcai.launcher.topology import synthetic
 
 GOLDEN = Path(__file__).parent / "golden"

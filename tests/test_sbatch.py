@@ -49,7 +49,8 @@ def test_job_script_matches_golden(name):
 def test_lrz_script_says_what_the_seed_run_did():
     text = render(SPECS["lrz-768nodes"])
     assert "#SBATCH --nodes=768\n" in text and "#SBATCH --ntasks-per-node=4\n" in text
-    assert "#SBATCH --cpus-per-task=12\n" in text and "#SBATCH --signal=USR1@120\n" in text
+    # 12 cores per rank x 2 hardware threads (Slurm counts hardware threads as CPUs)
+    assert "#SBATCH --cpus-per-task=24\n" in text and "#SBATCH --signal=USR1@120\n" in text
     srun = text.strip().splitlines()[-1]
     assert srun.startswith("srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=12")
     assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in srun
