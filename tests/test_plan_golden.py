@@ -85,7 +85,7 @@ def test_supermuc_ng_lines_say_what_the_seed_run_did():
     assert intel.argv[intel.argv.index("-genv") + 1] == "I_MPI_PIN"
     srun = _plan("srun-intel", "lrz-768nodes-4x12")
     assert srun.argv[:5] == ("srun", "--mpi=pmi2", "--nodes=768", "--ntasks-per-node=4",
-                             "--cpus-per-task=12")
+                             "--cpus-per-task=24")   # 12 cores x 2 hardware threads
     assert [r.threads for r in srun.ranks] == [12] * 4
     assert all(dict(r.env)["OMP_NUM_THREADS"] == "12" for r in srun.ranks)
 

@@ -52,7 +52,7 @@ def test_lrz_script_says_what_the_seed_run_did():
     # 12 cores per rank x 2 hardware threads (Slurm counts hardware threads as CPUs)
     assert "#SBATCH --cpus-per-task=24\n" in text and "#SBATCH --signal=USR1@120\n" in text
     srun = text.strip().splitlines()[-1]
-    assert srun.startswith("srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=12")
+    assert srun.startswith("srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=24")
     assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in srun
     assert "--mpi intel" in srun and srun.endswith("--resume")
     assert "export FI_PROVIDER=psm2" in text
