@@ -19,11 +19,14 @@ VERBOSE_FLAGS = ("-v", "--verbose")
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are :class:`UserError` with a hint."""
+    """An ArgumentParser whose usage errors are :class:`UserError` with a hint, and which
+    takes ``-v``/``--verbose`` (read by :func:`run_main`)."""
 
     def __init__(self, *args, hint: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.hint = hint
+        self.add_argument(*VERBOSE_FLAGS, dest="verbose", action="store_true",
+                          help="print the traceback of an error")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message, self.hint or f"see {self.prog} --help")

@@ -117,7 +117,6 @@ def make_parser() -> Parser:
     out.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
     out.add_argument("--report-bindings", action="store_true",
                      help="every rank prints its real CPU set and thread count")
-    out.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return p
 

@@ -251,7 +251,8 @@ def collect(results_dir: str | Path, include_first_epoch: bool = False, *,
     results = Path(results_dir)
     if not results.is_dir():
         raise UserError(f"{results} is not a directory",
-                        "give the RESULTS directory a sweep wrote (hpcai-launch sweep ... --out)")
+                        "give the directory a sweep wrote: hpcai-launch sweep ... "
+                        "--results RESULTS")
     skip_path = Path(skip).resolve() if skip is not None else None
     problems: list[str] = []
     groups: dict[tuple[int, int, int, str], list[_Run]] = defaultdict(list)

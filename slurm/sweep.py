@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..core.cli import Parser, split_command
 from ..core.errors import UserError
+from ..launcher.options import Options
 from ..launcher.placement import check_fits
 
 
@@ -124,7 +125,7 @@ def _epochs_of(command: list[str]) -> int | None:
     return int(command[command.index("--epochs") + 1]) if "--epochs" in command else None
 
 
-def _run_slurm(points, command, results: Path, ns, cores: int) -> dict[str, str]:
+def _run_slurm(points, command, results: Path, ns) -> dict[str, str]:
     from . import sbatch as sb
 
     if not shutil.which("sbatch"):
@@ -159,7 +160,23 @@ def _wait_slurm(jobs: dict[str, str], timeout: float) -> None:
             time.sleep(1.0)
     if pending:
         raise UserError(f"jobs {sorted(pending)} still queued or running after {timeout:.0f} s",
-                        "collect later with: hpcai-launch sweep --collect RESULTS")
+                        "collect later with: hpcai-launch sweep --collect --results RESULTS")
+
+
+def point_options(ns: argparse.Namespace, point: Point, hosts: list[str],
+                  command: list[str], directory: Path) -> Options:
+    """What ``hpcai-launch`` gets for one point without a scheduler: the sweep's own
+    launch options (MPI, container, site, binds, oversubscription) and the point's shape."""
+    if point.nodes > 1 and not hosts:
+        raise UserError(f"point {point.name} needs {point.nodes} nodes",
+                        "give --hosts h1,h2,… for multi-node points without Slurm")
+    return Options(command=tuple(point_command(command, point, directory.resolve())),
+                   ranks_per_node=point.ranks_per_node,
+                   threads_per_rank=point.threads_per_rank, oversubscribe=ns.oversubscribe,
+                   launcher="mpirun", mpi=ns.mpi, topology=ns.topology,
+                   hosts=",".join(hosts[:point.nodes]) if hosts else None,
+                   container=ns.container, runtime=ns.runtime, site=ns.site,
+                   binds=tuple(ns.bind))
 
 
 def _run_mpirun(points, command, results: Path, ns) -> None:
@@ -168,18 +185,12 @@ def _run_mpirun(points, command, results: Path, ns) -> None:
         if hosts and point.nodes > len(hosts):
             raise UserError(f"point {point.name} needs {point.nodes} hosts, --hosts has "
                             f"{len(hosts)}", "give more hosts or fewer nodes")
-    for point in points:
+    argvs = [[sys.executable, "-m", "hpcai.launcher",
+              *point_options(ns, point, hosts, command, results / point.name).to_argv()]
+             for point in points]
+    for point, argv in zip(points, argvs):
         directory = results / point.name
         write_point(directory, point, job_id=None, status="running")
-        argv = [sys.executable, "-m", "hpcai.launcher", "--launcher", "mpirun",
-                "--ranks-per-node", str(point.ranks_per_node),
-                "--threads-per-rank", str(point.threads_per_rank)]
-        if hosts:
-            argv += ["--hosts", ",".join(hosts[:point.nodes])]
-        elif point.nodes > 1:
-            raise UserError(f"point {point.name} needs {point.nodes} nodes",
-                            "give --hosts h1,h2,… for multi-node points without Slurm")
-        argv += ["--", *point_command(command, point, directory.resolve())]
         with open(directory / "run.log", "w") as log:
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
                                   check=False).returncode
@@ -252,7 +263,7 @@ def main(argv: list[str]) -> int:
         results.mkdir(parents=True, exist_ok=True)
         if ns.launcher == "slurm":
             ns.threads_per_rank = None   # per point below
-            jobs = _run_slurm(points, command, results, ns, _cores(ns))
+            jobs = _run_slurm(points, command, results, ns)
             if ns.no_wait:
                 print(f"{len(jobs)} jobs submitted; collect with: hpcai-launch sweep --collect "
                       f"--results {results}")
