@@ -22,11 +22,13 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are :class:`UserError` with a hint, and which
     takes ``-v``/``--verbose`` (read by :func:`run_main`)."""
 
-    def __init__(self, *args, hint: str | None = None, **kwargs) -> None:
+    def __init__(self, *args, hint: str | None = None, verbose_flag: bool = True,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.hint = hint
-        self.add_argument(*VERBOSE_FLAGS, dest="verbose", action="store_true",
-                          help="print the traceback of an error")
+        if verbose_flag:   # off where the flag passes through to another parser
+            self.add_argument(*VERBOSE_FLAGS, dest="verbose", action="store_true",
+                              help="print the traceback of an error")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message, self.hint or f"see {self.prog} --help")

@@ -22,17 +22,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from .containers import HOST_MOUNT
+from ..core.cli import Parser
 from ..core.errors import UserError
+from .containers import HOST_MOUNT
+from .options import Options
 
 DEFAULT_THRESHOLD = 0.8
 BENCH_KEYS = ("bandwidth_GBps", "allreduce_GBps")
 
 
 def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="hpcai-launch validate", add_help=False)
+    parser = Parser(prog="hpcai-launch validate", add_help=False, verbose_flag=False)
     parser.add_argument("--json", default="hpcai-validate.json")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     parser.add_argument("--repeat", type=int, default=3,
@@ -48,11 +51,18 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return ns, rest
 
 
-def _launch(launch_args: list[str], out_rel: str, python: str) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "hpcai.launcher", *launch_args, "--", python, "-m",
-            "hpcai.launcher.probe", "--bench", "--quiet", "--out", out_rel]
+def _probe_run(options: Options, out_rel: str, python: str) -> tuple[int, str]:
+    """Start the probe with these launch options; (exit code, stderr)."""
+    probe = (python, "-m", "hpcai.launcher.probe", "--bench", "--quiet", "--out", out_rel)
+    argv = [sys.executable, "-m", "hpcai.launcher", *replace(options, command=probe).to_argv()]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     return result.returncode, result.stderr
+
+
+def bare(options: Options) -> Options:
+    """The same launch on the host, without the container and what only it uses."""
+    return replace(options, container=None, runtime="none", site=None, binds=(),
+                   host_libs=None, bind_host_mpi=None)
 
 
 def _best(kept: list[dict], new: list[dict]) -> list[dict]:
@@ -70,24 +80,6 @@ def _best(kept: list[dict], new: list[dict]) -> list[dict]:
 
 def _records(directory: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(directory.glob("rank-*.json"))]
-
-
-def _strip_container(args: list[str]) -> list[str]:
-    """The same launch options without the container ones (the bare host run)."""
-    out, skip = [], False
-    with_value = {"--container", "--runtime", "--site", "--bind", "--host-libs"}
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in with_value:
-            skip = "=" not in arg
-            continue
-        if name in ("--bind-host-mpi", "--no-bind-host-mpi"):
-            continue
-        out.append(arg)
-    return out
 
 
 def evaluate(container: list[dict], host: list[dict], *, expect_prefix: str | None,
@@ -133,22 +125,22 @@ def table(records: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from .cli import parse
+
     ns, launch_args = _split(argv)
-    if "--container" not in " ".join(launch_args) and not os.environ.get("HPCAI_CONTAINER"):
+    options, _ = parse(launch_args)
+    if options.container is None or options.runtime == "none":
         raise UserError("validate needs --container IMG",
                         "e.g. hpcai-launch validate --container ~/.cache/hpcai/images/"
                         "hpcai-bookworm -N 2")
-    bound = "--no-bind-host-mpi" not in launch_args
-    expect = ns.expect_libmpi or (HOST_MOUNT if bound else None)
-    if not bound and ns.expect_libmpi is None:
-        expect = HOST_MOUNT   # validating means: the host MPI must be the one loaded
+    expect = ns.expect_libmpi or HOST_MOUNT   # validating means: the host MPI is loaded
     work = Path(tempfile.mkdtemp(prefix=".hpcai-validate-", dir=os.getcwd()))
     container: list[dict] = []
     host: list[dict] = []
     try:
         for trial in range(max(ns.repeat, 1)):
             inside_dir, host_dir = work / f"container-{trial}", work / f"host-{trial}"
-            code, err = _launch(launch_args, os.path.relpath(inside_dir), "python3")
+            code, err = _probe_run(options, os.path.relpath(inside_dir), "python3")
             records = _records(inside_dir)
             if code != 0 and not records:
                 sys.stderr.write(err)
@@ -156,8 +148,8 @@ def main(argv: list[str]) -> int:
                       file=sys.stderr)
                 return 1
             container = _best(container, records)
-            code_h, err_h = _launch(_strip_container(launch_args), os.path.relpath(host_dir),
-                                    sys.executable)
+            code_h, err_h = _probe_run(bare(options), os.path.relpath(host_dir),
+                                       sys.executable)
             records_h = _records(host_dir)
             if code_h != 0 and not records_h:
                 sys.stderr.write(err_h)
