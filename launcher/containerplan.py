@@ -53,9 +53,7 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
            family: str | None = None) -> ContainerFacts:
     """All container facts, checked. Raises UserError on the first problem."""
     checks: list[str] = []
-    rt = containers.get_runtime(runtime)
-    preflight.check_runtime(runtime)
-    binary = containers.find_binary(rt, env.get("PATH"))
+    binary = containers.find_binary(containers.get_runtime(runtime), env.get("PATH"))
     checks.append(f"runtime {runtime}: {binary}")
     preflight.check_image(image, HOST_MOUNT)
     info = preflight.read_image(image)

@@ -1,7 +1,6 @@
 """Checks before any rank starts: each raises ``UserError(message, hint)`` (the CLI prints
 ``error:``/``hint:`` and exits 2).
 
-- :func:`check_runtime`: ``ch-run`` / ``singularity`` or ``apptainer`` on PATH;
 - :func:`check_image`: the image exists (directory, SquashFS or SIF) and, for a directory,
   has the empty mount point the host libraries are bound at;
 - :func:`check_abi`: host and image MPI are of the same ABI family;
@@ -42,32 +41,6 @@ _FAMILY_SONAMES = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12 / libmpich.
 
 def format_version(version: tuple[int, int] | None) -> str:
     return ".".join(map(str, version)) if version else "unknown"
-
-
-# --- the runtime ---------------------------------------------------------------------------
-
-_RUNTIME_BINARIES = {"charliecloud": ("ch-run",), "singularity": ("singularity", "apptainer")}
-_RUNTIME_HINTS = {
-    "charliecloud": "install Charliecloud (Debian/Ubuntu: apt-get install charliecloud-runtime; "
-                    "or load the site's charliecloud module) so that ch-run is on PATH",
-    "singularity": "install Apptainer or SingularityCE (https://apptainer.org/docs/admin/main/"
-                   "installation.html; Debian 12 packages neither) or load the site's module, "
-                   "so that singularity or apptainer is on PATH",
-}
-
-
-def check_runtime(runtime: str, path: str | None = None) -> str:
-    """The runtime's binary on PATH (``path`` overrides ``$PATH``); UserError if missing."""
-    if runtime not in _RUNTIME_BINARIES:
-        raise UserError(f"unknown container runtime {runtime!r}",
-                        f"use one of: {', '.join(_RUNTIME_BINARIES)}")
-    names = _RUNTIME_BINARIES[runtime]
-    for name in names:
-        found = shutil.which(name, path=path)
-        if found:
-            return found
-    raise UserError(f"container runtime {runtime}: {' or '.join(names)} not found on PATH",
-                    _RUNTIME_HINTS[runtime])
 
 
 # --- the image -----------------------------------------------------------------------------

@@ -738,26 +738,6 @@ def test_check_image_mount_point_through_absolute_symlink(tmp_path):
     assert preflight.check_image(image, "/opt/hpcai/host") == "dir"
 
 
-def test_check_runtime(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", "")
-    with pytest.raises(UserError) as err:
-        preflight.check_runtime("charliecloud")
-    assert err.value.message == "container runtime charliecloud: ch-run not found on PATH"
-    assert "apt-get install charliecloud-runtime" in err.value.hint
-    with pytest.raises(UserError) as err:
-        preflight.check_runtime("singularity")
-    assert err.value.message == ("container runtime singularity: singularity or apptainer "
-                                 "not found on PATH")
-    assert "Apptainer" in err.value.hint
-    with pytest.raises(UserError, match="unknown container runtime 'docker'"):
-        preflight.check_runtime("docker")
-    fake = tmp_path / "apptainer"
-    fake.write_text("#!/bin/sh\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert preflight.check_runtime("singularity") == str(fake)
-
-
 def test_read_image_manifest_wins(tmp_path, tree):
     image = _image(tmp_path / "img", libs={"libnuma.so.1": None, "libz.so.1.2.13": None,
                                            "libz.so.1": "->libz.so.1.2.13"},
