@@ -8,18 +8,62 @@ actually mapped into the process. It is the default demo and the test workload.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.cli import Parser, run_main
+from ..core.errors import UserError
 from .topology import format_cpulist
+
+PROBE_SCHEMA = 1
 
 _TRANSLATED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
                "HPCAI_CPUS")
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """What one rank of the probe reports (``DIR/rank-R.json``), schema ``PROBE_SCHEMA``."""
+
+    rank: int
+    size: int
+    allreduce_ok: bool
+    host: str
+    pid: int
+    affinity: tuple[int, ...]
+    affinity_list: str
+    env: dict[str, str | None]
+    mpi_library_version: str
+    libmpi: tuple[str, ...]
+    libraries: dict[str, list[str]]          # kind (LIBRARY_KINDS) -> mapped paths
+    bench: dict[str, float] | None = None    # bandwidth_probe(), with --bench
+    schema: int = PROBE_SCHEMA
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        if self.bench is None:
+            del data["bench"]
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "probe record") -> "ProbeRecord":
+        data = json.loads(text)
+        if data.get("schema") != PROBE_SCHEMA:
+            raise UserError(f"{source} has probe schema {data.get('schema')!r}, this hpcai "
+                            f"reads {PROBE_SCHEMA}",
+                            "run the image's and the host's hpcai from the same version")
+        data["affinity"] = tuple(data["affinity"])
+        data["libmpi"] = tuple(data["libmpi"])
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: Path) -> "ProbeRecord":
+        return cls.from_json(path.read_text(), str(path))
 
 
 def mapped_libraries(prefixes: tuple[str, ...] = ("libmpi", "libmpich")) -> list[str]:
@@ -87,7 +131,11 @@ def bandwidth_probe(comm, MPI) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hpcai-probe")
+    return run_main(_probe, argv)
+
+
+def _probe(argv: list[str]) -> int:
+    parser = Parser(prog="python -m hpcai.launcher.probe")
     parser.add_argument("--out", help="directory for rank-R.json files")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--bench", action="store_true",
@@ -99,35 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     total = comm.allreduce(rank, op=MPI.SUM)
-    record = {
-        "rank": rank,
-        "size": size,
-        "allreduce_ok": total == size * (size - 1) // 2,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "affinity_list": format_cpulist(os.sched_getaffinity(0)),
-        "env": {k: os.environ.get(k) for k in _TRANSLATED},
-        "mpi_library_version": MPI.Get_library_version().strip().splitlines()[0],
-        "libmpi": mapped_libraries(),
-        "libraries": mapped_by_kind(),
-    }
-    if args.bench:
-        record["bench"] = bandwidth_probe(comm, MPI)
+    affinity = os.sched_getaffinity(0)
+    record = ProbeRecord(
+        rank=rank, size=size, allreduce_ok=total == size * (size - 1) // 2,
+        host=socket.gethostname(), pid=os.getpid(), affinity=tuple(sorted(affinity)),
+        affinity_list=format_cpulist(affinity),
+        env={k: os.environ.get(k) for k in _TRANSLATED},
+        mpi_library_version=MPI.Get_library_version().strip().splitlines()[0],
+        libmpi=tuple(mapped_libraries()), libraries=mapped_by_kind(),
+        bench=bandwidth_probe(comm, MPI) if args.bench else None)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         tmp = out / f".rank-{rank}.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
+        tmp.write_text(record.to_json())
         tmp.replace(out / f"rank-{rank}.json")
     if not args.quiet:
-        line = (f"rank {rank}/{size} local {record['env']['LOCAL_RANK']} on {record['host']} "
-              f"cpus {record['affinity_list']} threads {record['env']['OMP_NUM_THREADS']} "
-              f"{record['mpi_library_version'][:40]} "
-              f"libmpi {','.join(record['libmpi']) or '?'}\n")
+        line = (f"rank {rank}/{size} local {record.env['LOCAL_RANK']} on {record.host} "
+                f"cpus {record.affinity_list} threads {record.env['OMP_NUM_THREADS']} "
+                f"{record.mpi_library_version[:40]} "
+                f"libmpi {','.join(record.libmpi) or '?'}\n")
         os.write(sys.stdout.fileno(), line.encode())  # one write: lines never interleave
     comm.Barrier()
-    return 0 if record["allreduce_ok"] else 1
+    return 0 if record.allreduce_ok else 1
 
 
 if __name__ == "__main__":

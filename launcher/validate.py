@@ -22,13 +22,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..core.cli import Parser
 from ..core.errors import UserError
 from .containers import HOST_MOUNT
 from .options import Options
+from .probe import ProbeRecord
 
 DEFAULT_THRESHOLD = 0.8
 BENCH_KEYS = ("bandwidth_GBps", "allreduce_GBps")
@@ -65,43 +66,43 @@ def bare(options: Options) -> Options:
                    host_libs=None, bind_host_mpi=None)
 
 
-def _best(kept: list[dict], new: list[dict]) -> list[dict]:
+def _best(kept: list[ProbeRecord], new: list[ProbeRecord]) -> list[ProbeRecord]:
     """Keep the run with the higher ping-pong bandwidth (its allreduce figure too: best of)."""
     if not kept:
         return new
     if not new:
         return kept
     for key in BENCH_KEYS:
-        a, b = kept[0].get("bench", {}).get(key), new[0].get("bench", {}).get(key)
+        a, b = (kept[0].bench or {}).get(key), (new[0].bench or {}).get(key)
         if a is not None and b is not None and b > a:
-            kept[0]["bench"][key] = b
+            kept[0].bench[key] = b
     return kept
 
 
-def _records(directory: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("rank-*.json"))]
+def _records(directory: Path) -> list[ProbeRecord]:
+    return [ProbeRecord.load(p) for p in sorted(directory.glob("rank-*.json"))]
 
 
-def evaluate(container: list[dict], host: list[dict], *, expect_prefix: str | None,
+def evaluate(container: list[ProbeRecord], host: list[ProbeRecord], *, expect_prefix: str | None,
              threshold: float) -> tuple[list[str], dict]:
     """Problems found (empty: valid) and the bandwidth ratios."""
     problems: list[str] = []
     size = len(container)
-    ranks = sorted(r["rank"] for r in container)
-    if ranks != list(range(size)) or any(r["size"] != size for r in container):
+    ranks = sorted(r.rank for r in container)
+    if ranks != list(range(size)) or any(r.size != size for r in container):
         problems.append(f"ranks do not form one world: ranks {ranks}, sizes "
-                        f"{sorted({r['size'] for r in container})}")
+                        f"{sorted({r.size for r in container})}")
     if expect_prefix:
         for r in container:
-            libs = r["libraries"]["libmpi"]
+            libs = r.libraries["libmpi"]
             if not libs or not all(path.startswith(expect_prefix) for path in libs):
-                problems.append(f"rank {r['rank']} on {r['host']} loaded {libs or 'no libmpi'}, "
+                problems.append(f"rank {r.rank} on {r.host} loaded {libs or 'no libmpi'}, "
                                 f"not the host MPI under {expect_prefix}")
     ratios = {}
     if container and host:
         for key in BENCH_KEYS:
-            inside = container[0].get("bench", {}).get(key)
-            bare = host[0].get("bench", {}).get(key)
+            inside = (container[0].bench or {}).get(key)
+            bare = (host[0].bench or {}).get(key)
             if inside and bare:
                 ratios[key] = inside / bare
                 if inside / bare < threshold:
@@ -111,16 +112,16 @@ def evaluate(container: list[dict], host: list[dict], *, expect_prefix: str | No
     return problems, ratios
 
 
-def table(records: list[dict]) -> str:
+def table(records: list[ProbeRecord]) -> str:
     lines = [f"{'rank':>4} {'size':>4} {'host':12} {'cpus':8} {'libmpi':50} "
              f"{'fabric/psm2/ucp/nccl':24} MPI"]
-    for r in sorted(records, key=lambda r: r["rank"]):
-        libs = r["libraries"]
+    for r in sorted(records, key=lambda r: r.rank):
+        libs = r.libraries
         others = ",".join(os.path.basename(p) for k in ("libfabric", "libpsm2", "libucp",
                                                          "libnccl") for p in libs[k]) or "-"
-        lines.append(f"{r['rank']:>4} {r['size']:>4} {r['host'][:12]:12} "
-                     f"{r['affinity_list'][:8]:8} {','.join(libs['libmpi'])[:50]:50} "
-                     f"{others[:24]:24} {r['mpi_library_version'][:40]}")
+        lines.append(f"{r.rank:>4} {r.size:>4} {r.host[:12]:12} "
+                     f"{r.affinity_list[:8]:8} {','.join(libs['libmpi'])[:50]:50} "
+                     f"{others[:24]:24} {r.mpi_library_version[:40]}")
     return "\n".join(lines)
 
 
@@ -135,8 +136,8 @@ def main(argv: list[str]) -> int:
                         "hpcai-bookworm -N 2")
     expect = ns.expect_libmpi or HOST_MOUNT   # validating means: the host MPI is loaded
     work = Path(tempfile.mkdtemp(prefix=".hpcai-validate-", dir=os.getcwd()))
-    container: list[dict] = []
-    host: list[dict] = []
+    container: list[ProbeRecord] = []
+    host: list[ProbeRecord] = []
     try:
         for trial in range(max(ns.repeat, 1)):
             inside_dir, host_dir = work / f"container-{trial}", work / f"host-{trial}"
@@ -160,16 +161,16 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print("in the container:")
     print(table(container))
-    if container and "bench" in container[0]:
-        b = container[0]["bench"]
-        hb = host[0]["bench"] if host and "bench" in host[0] else {}
+    if container and container[0].bench:
+        b = container[0].bench
+        hb = (host[0].bench or {}) if host else {}
         for key in ("latency_us", *BENCH_KEYS):
             if key in b:
                 extra = f" (host {hb[key]:.2f}, ratio {b[key] / hb[key]:.2f})" if key in hb else ""
                 print(f"  {key}: {b[key]:.2f}{extra}")
     report = {"valid": not problems, "problems": problems, "expected_libmpi_prefix": expect,
-              "threshold": ns.threshold, "ratios": ratios, "container": container,
-              "host": host}
+              "threshold": ns.threshold, "ratios": ratios,
+              "container": [asdict(r) for r in container], "host": [asdict(r) for r in host]}
     Path(ns.json).write_text(json.dumps(report, indent=1))
     if problems:
         for problem in problems:
