@@ -1,4 +1,4 @@
-"""3DGAN (CERN's calorimeter-shower GAN) in PyTorch, written from /work/shared/spec/3dgan.md.
+"""3DGAN (CERN's calorimeter-shower GAN) in PyTorch, as described in docs/3dgan.md.
 
 Conventions
 -----------
@@ -136,7 +136,8 @@ def _init(layer: nn.Module, fn, rng: torch.Generator | None) -> None:
 class Generator(nn.Module):
     """Generator: input ``E' * z`` of shape (N, 200) -> shower (N, 1, 25, 25, 25), values >= 0.
 
-    ``dense`` -> Keras Reshape((7,7,8,8)) on channels-last data, then ``body`` (spec layers 3-16).
+    ``dense`` -> Keras Reshape((7,7,8,8)) on channels-last data, then ``body`` (layers 3-16 of
+    docs/3dgan.md).
     """
 
     def __init__(self, latent: int = LATENT, rng: torch.Generator | None = None):

@@ -1,4 +1,4 @@
-"""3DGAN (CERN's calorimeter-shower GAN) in Keras 3, written from /work/shared/spec/3dgan.md.
+"""3DGAN (CERN's calorimeter-shower GAN) in Keras 3, as described in docs/3dgan.md.
 
 The same network as ``models/gan3d.py`` (PyTorch), built with the Keras functional API.
 Keras (and so TensorFlow) is imported lazily inside the builders: importing this module does
@@ -10,9 +10,9 @@ Conventions
   ``(N, 1, 25, 25, 25)``.  The last spatial axis is depth (the 25 calorimeter layers).
 * Keras defaults written out explicitly: LeakyReLU 0.3, BatchNormalization momentum 0.99 and
   epsilon 1e-3 (on the channel axis), zero biases, stride 1, Dense/Conv3D ``glorot_uniform``
-  except where the spec says ``he_uniform`` / ``glorot_normal``.
+  except where docs/3dgan.md says ``he_uniform`` / ``glorot_normal``.
 * Generator: ``Dense(3136)`` -> ``Reshape((7, 7, 8, 8))`` is channels-last (D1, D2, D3, C), as
-  in the spec table and in ``gan3d.Generator.project``.  For channels_first a
+  in the docs/3dgan.md table and in ``gan3d.Generator.project``.  For channels_first a
   ``Permute((4, 1, 2, 3))`` follows, so both formats share one weight layout (the Dense
   weights of either format can be copied into the other unchanged).
 * Discriminator: ``Flatten(data_format=...)`` flattens in channels-last order for both formats,
@@ -61,7 +61,7 @@ def ecal_sum(x):
 
 def build_generator(latent: int = LATENT, data_format: str = "channels_last",
                     name: str = "generator"):
-    """Generator: input ``E' * z`` (N, latent) -> shower image, values >= 0 (spec table)."""
+    """Generator: input ``E' * z`` (N, latent) -> shower image, values >= 0 (docs/3dgan.md)."""
     import keras
     from keras import layers
 

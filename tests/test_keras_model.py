@@ -1,4 +1,4 @@
-"""Keras 3 3DGAN (models/gan3d_keras.py) against /work/shared/spec/3dgan.md.
+"""Keras 3 3DGAN (models/gan3d_keras.py) against docs/3dgan.md.
 
 Skips cleanly when TensorFlow / Keras are not installed.
 """
@@ -19,7 +19,7 @@ from models import gan3d_keras as gk  # noqa: E402
 
 FORMATS = ("channels_last", "channels_first")
 
-# Spec generator table, channels_last (D1, D2, D3, C)
+# The generator table of docs/3dgan.md, channels_last (D1, D2, D3, C)
 GEN_SHAPES = {
     "g_conv1": (7, 7, 8, 64),
     "g_up1": (14, 14, 16, 64),

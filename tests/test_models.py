@@ -1,4 +1,4 @@
-"""Models: 3DGAN (spec /work/shared/spec/3dgan.md) and ResNet50."""
+"""Models: 3DGAN (docs/3dgan.md) and ResNet50."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def n_keras(m: nn.Module) -> int:
 # --------------------------------------------------------------------------- parameter counts
 
 def test_parameter_counts(G, D):
-    # The spec's counts are Keras' (they include the BN moving mean/var, 2 per channel).
+    # docs/3dgan.md's counts are Keras' (they include the BN moving mean/var, 2 per channel).
     assert n_keras(G) == 872_948
     assert n_keras(D) == 73_450
     assert n_keras(G) + n_keras(D) == 946_398

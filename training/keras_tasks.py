@@ -55,7 +55,7 @@ def _mape(y, yhat):
 
 
 def weighted_loss(parts):
-    """w0 BCE + w1 MAPE(aux) + w2 MAPE(ecal), the spec's loss weights."""
+    """w0 BCE + w1 MAPE(aux) + w2 MAPE(ecal), the loss weights of docs/3dgan.md."""
     return sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
 
 

@@ -15,8 +15,8 @@ Files are named ``Ele_{seed}_{i}.h5`` (so ``Ele*_*.h5`` matches both these and t
 
 Units of the deposited energy (the interpretation this module implements)
 --------------------------------------------------------------------------
-The spec defines ``E' = E / 100 GeV`` and ``f(E') = E'(0.0018E'^4 - 0.023E'^3 + 0.11E'^2
-- 0.28E' + 2.21)``, calls it "the sampling fraction, about 2 % of the energy", and trains the
+docs/3dgan.md defines ``E' = E / 100 GeV`` and ``f(E') = E'(0.0018E'^4 - 0.023E'^3 +
+0.11E'^2 - 0.28E' + 2.21)`` (about 2 % of the energy), and the 3DGAN trains the
 discriminator's ``ecal`` head with ``MAPE(f(E'), sum(x_hat))`` where ``sum(x_hat)`` is the raw
 sum of the generated cells and the real cells are stored in GeV. For that target to be
 consistent with real data, the raw ECAL sum in GeV must equal ``f(E')`` numerically:
@@ -25,10 +25,11 @@ consistent with real data, the raw ECAL sum in GeV must equal ``f(E')`` numerica
                                               E = 500 GeV -> E' = 5 -> f = 9.05 GeV (1.8 %)
 
 i.e. ``f(E')/E'`` is the sampling fraction in percent, and the deposit is
-``f(E')/E' % x E = f(E') GeV``. The spec's wording "sum ~= f(E') x 100 GeV" would put 200 GeV
-into the active layers of a 100 GeV electron (more than its energy), so we read it as this
-percent/GeV scale slip. ``deposit_scale`` below states the convention in code: the expected
-raw sum for an event is ``deposit_scale(E')`` GeV.
+``f(E')/E' % x E = f(E') GeV``. The original task specification's wording "sum ~= f(E') x
+100 GeV" would put 200 GeV into the active layers of a 100 GeV electron (more than its
+energy), so we read it as this percent/GeV scale slip (see "Data" in docs/3dgan.md).
+``deposit_scale`` below states the convention in code: the expected raw sum for an event is
+``deposit_scale(E')`` GeV.
 
 Shower model (deterministic for a given seed; numpy ``Generator``)
 ------------------------------------------------------------------
@@ -76,7 +77,7 @@ QUANTA_PER_GEV = 1500.0   # Poisson quanta per GeV of deposited energy
 
 
 def sampling_fraction(ep: np.ndarray | float) -> np.ndarray:
-    """f(E') from the spec: the expected raw ECAL sum in GeV for E' = E / 100 GeV."""
+    """f(E') of docs/3dgan.md: the expected raw ECAL sum in GeV for E' = E / 100 GeV."""
     ep = np.asarray(ep, dtype=np.float64)
     return ep * (0.0018 * ep**4 - 0.023 * ep**3 + 0.11 * ep**2 - 0.28 * ep + 2.21)
 

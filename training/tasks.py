@@ -48,7 +48,7 @@ def _batch_statistics(module: torch.nn.Module):
 
 
 class GanTask:
-    """CERN's 3DGAN: D real, D fake, G, G per iteration (spec: ../shared/spec/3dgan.md)."""
+    """CERN's 3DGAN: D real, D fake, G, G per iteration (see docs/3dgan.md)."""
 
     name = "3dgan"
     flop_convention = FLOP_CONVENTION
