@@ -33,7 +33,8 @@ from typing import Callable
 from ..core.cli import Parser, run_main, say_error, split_command
 from ..core.errors import UserError
 from .options import LAUNCHERS, RUNTIMES, Options
-from .plan import MPI_CHOICES, build_plan, gather_facts
+from .facts import gather_facts
+from .plan import MPI_CHOICES, build_plan
 
 
 def _validate(argv: list[str]) -> int:
@@ -160,7 +161,7 @@ class _Launch:
 
     def __call__(self, argv: list[str]) -> int:
         options, ns = parse(argv)
-        facts = gather_facts(options)
+        facts = gather_facts(options, stage=not ns.dry_run)
         self.loud = facts.rank is None or facts.rank.local_rank == 0
         plan = build_plan(options, facts)
         if ns.dry_run:

@@ -30,6 +30,8 @@ class ContainerFacts:
     libs: tuple = ()                     # hostlibs.LibFile, for the plan's display
     site: SiteProfile | None = None
     checks: tuple[str, ...] = field(default=())
+    has_command: bool = True             # the command exists in the image (or cannot tell)
+    copied: bool = True                  # False: --dry-run, ``staged`` not made
 
     def to_dict(self) -> dict:
         host = self.host_mpi
@@ -50,8 +52,10 @@ PMI_FAMILY = {"pmix": "openmpi", "pmi2": "mpich"}   # what srun's PMI plugin imp
 def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
            site_path: str | None, env: dict[str, str], launcher: str | None,
            srun_pmi: str | None, cache_dir: str, in_rank: bool,
-           family: str | None = None) -> ContainerFacts:
-    """All container facts, checked. Raises UserError on the first problem."""
+           family: str | None = None, command: str | None = None,
+           stage: bool = True) -> ContainerFacts:
+    """All container facts, checked. Raises UserError on the first problem. ``stage``:
+    copy the host libraries into the cache (False for ``--dry-run``: only name the place)."""
     checks: list[str] = []
     binary = containers.find_binary(containers.get_runtime(runtime), env.get("PATH"))
     checks.append(f"runtime {runtime}: {binary}")
@@ -60,18 +64,21 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     checks.append(f"image {image}: {info.kind}, MPI {info.mpi_family or 'none'} "
                   f"({info.mpi_soname or '-'}), glibc {preflight.format_version(info.glibc)}")
     site = SiteProfile.load(site_path) if site_path else SiteProfile.from_env(env)
+    found = image_has_command(image, command) if command else True
     if host_libs:                       # the outer hpcai-launch staged them already
         if not Path(host_libs).is_dir():
             raise UserError(f"--host-libs {host_libs} does not exist",
                             "let hpcai-launch start the ranks, or leave --host-libs out")
-        return ContainerFacts(runtime, binary, image, info, None, host_libs, (), site,
-                              tuple(checks))
+        return ContainerFacts(runtime, binary, image, info, None, host_libs,
+                              tuple(staged_libs(Path(host_libs))), site, tuple(checks),
+                              has_command=found)
     if family is None and launcher is None:   # a rank started by srun: its PMI tells
         family = PMI_FAMILY.get(env.get("SLURM_MPI_TYPE", ""))
     host = hostlibs.find_host_mpi(env, launcher, require=family)
     if bind_host_mpi is False or (bind_host_mpi is None and host is None):
         checks.append("host MPI not bound" + ("" if host else ": none found"))
-        return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks))
+        return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks),
+                              has_command=found)
     if host is None:
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
@@ -91,9 +98,10 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     if srun_pmi and not in_rank:
         preflight.check_pmi(srun_pmi, preflight.srun_mpi_list())
         checks.append(f"srun --mpi={srun_pmi} available")
-    staged = str(hostlibs.stage(libs, Path(cache_dir).expanduser()))
+    cache = Path(cache_dir).expanduser()
+    staged = str(hostlibs.stage(libs, cache) if stage else hostlibs.stage_dir(libs, cache))
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
-                          tuple(checks))
+                          tuple(checks), has_command=found, copied=stage)
 
 
 def _search_dirs(env: dict[str, str]) -> list[str]:
@@ -137,8 +145,7 @@ def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
         out.update(facts.site.env)
     if not facts.staged:
         return out
-    libs = list(facts.libs) or staged_libs(Path(facts.staged))
-    bound = hostlibs.binding_env(HOST_MOUNT, libs)
+    bound = hostlibs.binding_env(HOST_MOUNT, list(facts.libs))
     current = env.get("LD_LIBRARY_PATH", "")
     if current:
         bound["LD_LIBRARY_PATH"] = f"{bound['LD_LIBRARY_PATH']}:{current}"

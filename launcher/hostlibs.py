@@ -558,6 +558,11 @@ def stage_key(libs: list[LibFile]) -> str:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:20]
 
 
+def stage_dir(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
+    """Where :func:`stage` puts this library set (nothing is created)."""
+    return Path(cache_root) / "hostlibs" / stage_key(libs)
+
+
 def stage(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
     """The staged directory ``<cache_root>/hostlibs/<key>``; the libraries are in its
     ``lib/`` (plugins in ``lib/<subdir>/``), each under its exposed name.
@@ -568,8 +573,8 @@ def stage(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
     it is either complete or absent; an existing one is reused. Bind the returned directory
     read-only at the mount point given to :func:`binding_env`.
     """
-    base = Path(cache_root) / "hostlibs"
-    final = base / stage_key(libs)
+    final = stage_dir(libs, cache_root)
+    base = final.parent
     if (final / "lib").is_dir():
         return final
     base.mkdir(parents=True, exist_ok=True)

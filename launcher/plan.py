@@ -20,10 +20,11 @@ from . import flavours
 from ..core.errors import UserError
 from .flavours import Flavour, MpiInstall
 from .hosts import parse_hosts
+from .facts import Facts, choose_mode
 from .options import Options
 from .placement import Placement, plan_placement, thread_env
 from .rankenv import RankInfo, in_slurm_step, torch_env
-from .containers import HOST_MOUNT
+from .containers import HOST_MOUNT, get_runtime
 from .topology import Topology
 from ..slurm.srun import SrunStep, srun_argv
 
@@ -31,25 +32,6 @@ if TYPE_CHECKING:
     from .containerplan import ContainerFacts
 
 MPI_CHOICES = ("auto", *flavours.FLAVOURS)
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What planning needs from the world, gathered once by :func:`gather_facts`."""
-
-    env: dict[str, str]
-    topology: Topology
-    hostname: str
-    self_argv: tuple[str, ...]
-    command_path: str | None
-    uid: int = 1000
-    ppid: int = 0
-    free_port: int = 29500
-    mpi: MpiInstall | None = None
-    cache_dir: str = "~/.cache/hpcai"
-    rank: RankInfo | None = None
-    container: ContainerFacts | None = None
-    cwd: str = "/"
 
 
 @dataclass(frozen=True)
@@ -138,8 +120,11 @@ class LaunchPlan:
             lines.append(f"container: {c.runtime} {c.image}")
             lines.extend(f"  check:   {text}" for text in c.checks)
             if c.staged:
-                lines.append(f"  host libraries staged in {c.staged}, bound read-only at "
-                             f"{HOST_MOUNT}:")
+                where = "staged in" if c.copied else "to be staged in (dry run: not copied)"
+                how = ("read-only" if get_runtime(c.runtime).read_only_suffix else
+                       "read-write: this runtime has no read-only bind; the copies are 0444")
+                lines.append(f"  host libraries {where} {c.staged}, bound at {HOST_MOUNT} "
+                             f"({how}):")
                 lines.extend(f"    {lib.name} <- {lib.path}" for lib in c.libs)
         lines.append("argv:")
         lines.append("  " + " ".join(_quote(a) for a in self.argv))
@@ -156,32 +141,15 @@ def _quote(arg: str) -> str:
 
 # --- pure planning -----------------------------------------------------------------------
 
-def choose_mode(options: Options, facts: Facts) -> tuple[str, str]:
-    """Which launch mode, and why."""
-    if facts.rank is not None:
-        return "rank", f"started as rank {facts.rank.rank} of {facts.rank.size} by " \
-                       f"{facts.rank.started_by}"
-    if options.launcher == "srun":
-        return "srun", "--launcher srun"
-    if options.launcher == "mpirun":
-        return "mpirun", "--launcher mpirun"
-    if options.hosts:
-        return "mpirun", "--hosts given"
-    if facts.env.get("SLURM_JOB_ID") and not in_slurm_step(facts.env):
-        return "srun", f"inside Slurm allocation {facts.env['SLURM_JOB_ID']}"
-    return "mpirun", "outside any allocation"
-
-
 def build_plan(options: Options, facts: Facts) -> LaunchPlan:
     """The whole decision, as a value. Raises UserError for anything the user must fix."""
     if not options.command:
         raise UserError("no command to run",
                         "put the program after '--', e.g. hpcai-launch --ranks-per-node 2 "
                         "-- python train.py")
-    mode, reason = choose_mode(options, facts)
+    mode, reason = choose_mode(options, facts.env, facts.rank)
     if facts.container is not None:
-        from .containerplan import image_has_command
-        if not image_has_command(facts.container.image, options.command[0]):
+        if not facts.container.has_command:
             raise UserError(f"command not found in image {facts.container.image}: "
                             f"{options.command[0]!r}",
                             "check the spelling, or give the absolute path inside the image")
@@ -393,61 +361,3 @@ def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError
             return UserError(message, exc.hint)
     return UserError(message, f"start {wanted} rank(s) per node ({what} -ppn/--map-by "
                               f"ppr:{wanted}:node), or let hpcai-launch start the ranks itself")
-
-
-# --- the impure part: gathering facts ----------------------------------------------------
-
-def gather_facts(options: Options, env: dict[str, str] | None = None) -> Facts:
-    """Read the world once: topology, rank identity, MPI, command path, a free port."""
-    import shutil
-    import socket
-    import sys
-
-    from . import rankenv, topology
-
-    env = dict(os.environ if env is None else env)
-    info = rankenv.from_environ(env, os.getppid())
-    topo = topology.load(options.topology or env.get("HPCAI_TOPOLOGY"))
-    command_path = None
-    if options.command:
-        command_path = shutil.which(options.command[0], path=env.get("PATH"))
-    mpi = None
-    port = 0
-    if info is not None and options.mpi != "auto":
-        mpi = flavours.locate(flavours.get(options.mpi), options.mpirun, env)
-    if info is None:
-        mode, _ = choose_mode(options, Facts(env=env, topology=topo, hostname="",
-                                             self_argv=(), command_path=None, rank=None))
-        if mode == "mpirun" or options.mpi != "auto" or options.mpirun:
-            mpi = flavours.resolve(options.mpi, options.mpirun, env)
-        elif mode == "srun":
-            found = flavours.find_launcher(None, env)
-            mpi = flavours.resolve("auto", found, env) if found else None
-        port = _free_port(socket)
-    cache_dir = env.get("HPCAI_CACHE", os.path.join(
-        env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai"))
-    container = None
-    if options.container and options.runtime != "none":
-        from . import containerplan
-        srun_pmi = None
-        if info is None and choose_mode(options, Facts(env=env, topology=topo, hostname="",
-                                                        self_argv=(), command_path=None))[0] == "srun":
-            srun_pmi = mpi.flavour.srun_mpi if mpi else None
-        container = containerplan.gather(
-            runtime=options.runtime, image=options.container,
-            bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
-            site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
-            family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
-            srun_pmi=srun_pmi, cache_dir=cache_dir,
-            in_rank=info is not None)
-    return Facts(env=env, topology=topo, hostname=socket.gethostname(),
-                 self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
-                 uid=os.getuid(), ppid=os.getppid(), free_port=port, mpi=mpi,
-                 cache_dir=cache_dir,
-                 rank=info, container=container, cwd=os.getcwd())
-
-
-def _free_port(socket_module) -> int:
-    with socket_module.socket(socket_module.AF_INET, socket_module.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

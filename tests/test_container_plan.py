@@ -12,7 +12,8 @@ from hpcai.launcher.containerplan import ContainerFacts, container_env, spec
 from hpcai.launcher.containers import wrap
 from hpcai.launcher.hostlibs import LibFile
 from hpcai.launcher.options import Options
-from hpcai.launcher.plan import Facts, build_plan
+from hpcai.launcher.facts import Facts
+from hpcai.launcher.plan import build_plan
 from hpcai.launcher.rankenv import RankInfo
 from hpcai.launcher.site import SiteProfile
 from hpcai.launcher.topology import synthetic

@@ -39,9 +39,18 @@ def test_host_mpi_is_what_every_rank_loads(image, mpi, tmp_path):
 
 
 def test_dry_run_shows_checks_and_bound_libraries(image, tmp_path):
+    """--dry-run names the staging directory but copies nothing; a real run stages it."""
+    env = image_env(HPCAI_CACHE=str(tmp_path / "cache"))
     result = run(["hpcai-launch", "-N", "2", "--container", str(image), "--dry-run", "--json",
-                  "--", *PROBE], image_env(), cwd=tmp_path)
+                  "--", *PROBE], env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "cache").exists(), "a dry run must not write into the cache"
+    text = run(["hpcai-launch", "-N", "2", "--container", str(image), "--dry-run", "--",
+                *PROBE], env, cwd=tmp_path).stdout
+    assert "to be staged in (dry run: not copied)" in text and "read-write" in text, text
+    real = run(["hpcai-launch", "-N", "2", "--container", str(image), "--", *PROBE], env,
+               cwd=tmp_path)
+    assert real.returncode == 0, real.stderr[-3000:]
     plan = json.loads(result.stdout)
     container = plan["container"]
     assert container["runtime"] == "charliecloud"

@@ -26,7 +26,8 @@ from hpcai.launcher.cli import parse
 from hpcai.launcher.flavours import INTEL, MpiInstall
 from hpcai.launcher.options import Options
 from hpcai.launcher.placement import plan_placement
-from hpcai.launcher.plan import Facts, build_plan
+from hpcai.launcher.facts import Facts
+from hpcai.launcher.plan import build_plan
 from hpcai.launcher.site import SiteProfile
 from hpcai.launcher.topology import synthetic
 from hpcai.slurm import sbatch, sweep

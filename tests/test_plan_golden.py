@@ -15,7 +15,8 @@ import pytest
 from hpcai.launcher import flavours
 from hpcai.launcher.flavours import MpiInstall
 from hpcai.launcher.options import Options
-from hpcai.launcher.plan import Facts, build_plan
+from hpcai.launcher.facts import Facts
+from hpcai.launcher.plan import build_plan
 from hpcai.launcher.topology import synthetic
 
 GOLDEN = Path(__file__).parent / "golden"

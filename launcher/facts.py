@@ -1,0 +1,105 @@
+"""The impure half of planning: read the world once into :class:`Facts`.
+
+``gather_facts`` runs the MPI launcher's ``--version`` (when it must), reads the topology,
+the rank identity and the container facts; :mod:`.plan` then decides with pure functions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import flavours, rankenv, topology
+from .flavours import MpiInstall
+from .options import Options
+from .rankenv import RankInfo, in_slurm_step
+from .topology import Topology
+
+if TYPE_CHECKING:
+    from .containerplan import ContainerFacts
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What planning needs from the world, gathered once by :func:`gather_facts`."""
+
+    env: dict[str, str]
+    topology: Topology
+    hostname: str
+    self_argv: tuple[str, ...]
+    command_path: str | None
+    uid: int = 1000
+    free_port: int = 29500
+    mpi: MpiInstall | None = None
+    cache_dir: str = "~/.cache/hpcai"
+    rank: RankInfo | None = None
+    container: ContainerFacts | None = None
+    cwd: str = "/"
+
+
+def choose_mode(options: Options, env: dict[str, str],
+                rank: RankInfo | None) -> tuple[str, str]:
+    """Which launch mode, and why (pure)."""
+    if rank is not None:
+        return "rank", f"started as rank {rank.rank} of {rank.size} by {rank.started_by}"
+    if options.launcher == "srun":
+        return "srun", "--launcher srun"
+    if options.launcher == "mpirun":
+        return "mpirun", "--launcher mpirun"
+    if options.hosts:
+        return "mpirun", "--hosts given"
+    if env.get("SLURM_JOB_ID") and not in_slurm_step(env):
+        return "srun", f"inside Slurm allocation {env['SLURM_JOB_ID']}"
+    return "mpirun", "outside any allocation"
+
+def gather_facts(options: Options, env: dict[str, str] | None = None, *,
+                 stage: bool = True) -> Facts:
+    """Read the world once: topology, rank identity, MPI, command path, a free port, the
+    container. ``stage=False`` (``--dry-run``): the host libraries are found but not copied."""
+    env = dict(os.environ if env is None else env)
+    info = rankenv.from_environ(env, os.getppid())
+    topo = topology.load(options.topology or env.get("HPCAI_TOPOLOGY"))
+    command_path = None
+    if options.command:
+        command_path = shutil.which(options.command[0], path=env.get("PATH"))
+    mpi = None
+    port = 0
+    if info is not None and options.mpi != "auto":
+        mpi = flavours.locate(flavours.get(options.mpi), options.mpirun, env)
+    mode, _ = choose_mode(options, env, info)
+    if info is None:
+        if mode == "mpirun" or options.mpi != "auto" or options.mpirun:
+            mpi = flavours.resolve(options.mpi, options.mpirun, env)
+        elif mode == "srun":
+            found = flavours.find_launcher(None, env)
+            mpi = flavours.resolve("auto", found, env) if found else None
+        port = _free_port(socket)
+    cache_dir = env.get("HPCAI_CACHE", os.path.join(
+        env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai"))
+    container = None
+    if options.container and options.runtime != "none":
+        from . import containerplan
+        srun_pmi = mpi.flavour.srun_mpi if mpi and mode == "srun" else None
+        container = containerplan.gather(
+            runtime=options.runtime, image=options.container,
+            bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
+            site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
+            family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
+            srun_pmi=srun_pmi, cache_dir=cache_dir,
+            in_rank=info is not None, command=options.command[0] if options.command else None,
+            stage=stage)
+    return Facts(env=env, topology=topo, hostname=socket.gethostname(),
+                 self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
+                 uid=os.getuid(), free_port=port, mpi=mpi,
+                 cache_dir=cache_dir,
+                 rank=info, container=container, cwd=os.getcwd())
+
+
+def _free_port(socket_module) -> int:
+    with socket_module.socket(socket_module.AF_INET, socket_module.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
