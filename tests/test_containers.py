@@ -187,3 +187,26 @@ def test_unmodified_horovod_script_in_container_uses_host_mpi(launcher, image, t
                 timeout=300, check=False)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr[-3000:]}"
     _check_horovod_on_host_mpi(result.stdout)
+
+
+def test_mpirun_sweep_point_runs_in_the_container(image, tmp_path):
+    """A sweep point without a scheduler runs what the same options run by hand: in the
+    image, with the host's MPI bound in (the sweep used to drop --container, --mpi, --site,
+    --bind and --oversubscribe and trained on the host)."""
+    if "openmpi" not in FLAVOURS:
+        pytest.skip("needs host Open MPI")
+    results = tmp_path / "results"
+    result = run(["hpcai-launch", "sweep", "--launcher", "mpirun", "--nodes", "1",
+                  "--ranks-per-node", "2", "--threads-per-rank", "1", "--mpi", "openmpi",
+                  "--container", str(image), "--bind", str(tmp_path), "--results",
+                  str(results), "--", "train", "resnet-tiny", "--image-size", "32",
+                  "--classes", "10", "--samples", "32", "--batch-size", "4", "--epochs", "1",
+                  "--peak-gflops", "50"], image_env(), cwd=tmp_path, timeout=600)
+    point = results / "N1-R2-T1-rep0"
+    log = (point / "run.log").read_text() if (point / "run.log").exists() else ""
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:] + log[-3000:]
+    assert json.loads((point / "point.json").read_text())["status"] == "done", log[-3000:]
+    record = json.loads((point / "epochs.jsonl").read_text().splitlines()[0])
+    libmpi = record["provenance"]["libmpi"]
+    assert libmpi and libmpi.startswith(HOST_LIB), libmpi    # in the image, host MPI bound
+    assert record["provenance"]["world_size"] == 2
