@@ -2,8 +2,8 @@
 
 ``gather`` runs the pre-flight checks in order - runtime installed, image and its mount point
 present, host MPI found, ABI families equal, every bound library's glibc needs met by the
-image, the PMI plugin available in srun - then stages the host libraries (hard links in a
-content-addressed cache directory, bound read-only at ``/opt/hpcai/host``). The outer
+image, the PMI plugin available in srun - then stages the host libraries (read-only copies
+in a content-addressed cache directory, bound read-only at ``/opt/hpcai/host``). The outer
 hpcai-launch does this once and hands the staged directory to the ranks (``--host-libs``).
 """
 
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers, hostlibs, preflight
+from . import abi, containers, hostlibs, hostmpi, preflight
 from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
 from ..core.errors import UserError
 from .site import SiteProfile
@@ -25,7 +25,7 @@ class ContainerFacts:
     binary: str
     image: str
     image_info: object | None
-    host_mpi: object | None              # hostlibs.HostMpi
+    host_mpi: object | None              # hostmpi.HostMpi
     staged: str | None                   # host directory bound at HOST_MOUNT
     libs: tuple = ()                     # hostlibs.LibFile, for the plan's display
     site: SiteProfile | None = None
@@ -44,9 +44,6 @@ class ContainerFacts:
             "bound_libraries": [f"{lib.name} <- {lib.path}" for lib in self.libs],
             "checks": list(self.checks),
         }
-
-
-PMI_FAMILY = {"pmix": "openmpi", "pmi2": "mpich"}   # what srun's PMI plugin implies
 
 
 def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
@@ -73,8 +70,9 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
                               tuple(staged_libs(Path(host_libs))), site, tuple(checks),
                               has_command=found)
     if family is None and launcher is None:   # a rank started by srun: its PMI tells
-        family = PMI_FAMILY.get(env.get("SLURM_MPI_TYPE", ""))
-    host = hostlibs.find_host_mpi(env, launcher, require=family)
+        implied = abi.family_for_pmi(env.get("SLURM_MPI_TYPE", ""))
+        family = implied.name if implied else None
+    host = hostmpi.find_host_mpi(env, launcher, require=family)
     if bind_host_mpi is False or (bind_host_mpi is None and host is None):
         checks.append("host MPI not bound" + ("" if host else ": none found"))
         return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks),
@@ -106,8 +104,7 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
 
 def _search_dirs(env: dict[str, str]) -> list[str]:
     """Beyond what ``hostlibs.collect`` adds itself (the MPI's libdir, the site's dirs)."""
-    return [*(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d),
-            "/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+    return [*(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d), *abi.SYSTEM_LIBDIRS]
 
 
 def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
@@ -161,7 +158,7 @@ def staged_libs(staged: Path) -> list:
         if path.is_file():
             rel = path.relative_to(lib)
             subdir = str(rel.parent) if str(rel.parent) != "." else ""
-            role = "mpi" if not subdir and path.name in hostlibs.LIBMPI_NAMES else "dependency"
+            role = "mpi" if not subdir and abi.family_of_soname(path.name) else "dependency"
             found.append(hostlibs.LibFile(str(path), path.name, role, subdir))
     return found
 

@@ -1,6 +1,7 @@
-"""MPI flavours as data: how each one exports env, places ranks and talks to Slurm.
+"""Finding the MPI to launch with: its launcher, flavour, version and library directory.
 
-Detection runs the launcher's ``--version`` once; everything else reads these tables.
+Detection runs the launcher's ``--version`` once; the flavour records themselves (how each
+MPI exports env, places and binds ranks, talks to Slurm) are in :mod:`.abi`.
 """
 
 from __future__ import annotations
@@ -13,58 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UserError
+from .abi import FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, Flavour
 from .placement import Placement
 
-
-@dataclass(frozen=True)
-class Flavour:
-    """What differs between MPI implementations, as data."""
-
-    name: str
-    title: str
-    launchers: tuple[str, ...]        # candidate launcher names, most specific first
-    version_pattern: str              # regex on `launcher --version` output
-    export_env: tuple[str, ...]       # argv template per exported variable
-    hosts_style: str                  # "slots" (h:n,...) or "ppn" (-hosts h,... -ppn n)
-    srun_mpi: str                     # srun --mpi= plugin this MPI needs
-    mpi4py_abi: str                   # MPI4PY_MPIABI value
-    libmpi_soname: str                # soname mpi4py and apps load
-    family: str                       # ABI family: "openmpi" or "mpich"
-
-    def env_args(self, env: dict[str, str]) -> list[str]:
-        args: list[str] = []
-        for key in sorted(env):
-            args.extend(t.format(key=key, value=env[key]) for t in self.export_env)
-        return args
-
-
-OPENMPI = Flavour(
-    name="openmpi", title="Open MPI",
-    launchers=("mpirun.openmpi", "mpirun", "mpiexec.openmpi", "mpiexec"),
-    version_pattern=r"Open MPI|OpenRTE|Open RTE",
-    export_env=("-x", "{key}={value}"),
-    hosts_style="slots", srun_mpi="pmix", mpi4py_abi="openmpi",
-    libmpi_soname="libmpi.so.40", family="openmpi")
-
-MPICH = Flavour(
-    name="mpich", title="MPICH",
-    launchers=("mpiexec.mpich", "mpirun.mpich", "mpiexec.hydra", "mpiexec", "mpirun"),
-    version_pattern=r"HYDRA|MPICH",
-    export_env=("-genv", "{key}", "{value}"),
-    hosts_style="ppn", srun_mpi="pmi2", mpi4py_abi="mpich",
-    libmpi_soname="libmpi.so.12", family="mpich")
-
-INTEL = Flavour(
-    name="intel", title="Intel MPI",
-    launchers=("mpiexec.hydra", "mpiexec", "mpirun"),
-    version_pattern=r"Intel\(R\) MPI",
-    export_env=("-genv", "{key}", "{value}"),
-    hosts_style="ppn", srun_mpi="pmi2", mpi4py_abi="mpich",
-    libmpi_soname="libmpi.so.12", family="mpich")
-
-FLAVOURS: dict[str, Flavour] = {f.name: f for f in (OPENMPI, MPICH, INTEL)}
-# Intel first: its hydra also says HYDRA.
-_DETECTION_ORDER = (INTEL, OPENMPI, MPICH)
+# The records come from .abi; callers reach them here beside the functions that find them.
+__all__ = ["FLAVOURS", "INTEL", "MPICH", "OPENMPI", "Flavour", "MpiInstall",
+           "classify_version_text", "detect", "find_launcher", "find_libdir", "get", "locate",
+           "resolve", "srun_binding"]
 
 
 def get(name: str) -> Flavour:
@@ -78,7 +34,7 @@ def get(name: str) -> Flavour:
 
 def classify_version_text(text: str) -> Flavour | None:
     """Map ``launcher --version`` output to a flavour (None if unknown)."""
-    for flavour in _DETECTION_ORDER:
+    for flavour in sorted(FLAVOURS.values(), key=lambda f: not f.detect_first):
         if re.search(flavour.version_pattern, text):
             return flavour
     return None
@@ -100,13 +56,15 @@ class MpiInstall:
 
 
 def find_launcher(flavour: Flavour | None, env: dict[str, str]) -> str | None:
-    """First launcher binary for ``flavour`` (or any) on PATH, honouring I_MPI_ROOT."""
+    """First launcher binary for ``flavour`` (or any): in the bin/ of the flavour's
+    ``root_var`` (I_MPI_ROOT), then on PATH."""
     path = env.get("PATH", os.defpath)
-    names = flavour.launchers if flavour else ("mpirun", "mpiexec")
-    if flavour is INTEL and env.get("I_MPI_ROOT"):
-        candidate = Path(env["I_MPI_ROOT"]) / "bin" / "mpiexec.hydra"
-        if candidate.exists():
-            return str(candidate)
+    names = flavour.launchers if flavour else GENERIC_LAUNCHERS
+    if flavour and flavour.root_var and env.get(flavour.root_var):
+        for name in names:
+            candidate = Path(env[flavour.root_var]) / "bin" / name
+            if candidate.exists():
+                return str(candidate)
     for name in names:
         found = shutil.which(name, path=path)
         if found:
@@ -121,7 +79,7 @@ def detect(launcher: str, timeout: float = 20.0) -> tuple[Flavour, str]:
                              timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"cannot run {launcher} --version: {exc}",
-                        "pass --mpi openmpi|mpich|intel and --mpirun PATH") from exc
+                        f"pass --mpi {'|'.join(FLAVOURS)} and --mpirun PATH") from exc
     text = out.stdout + out.stderr
     flavour = classify_version_text(text)
     if flavour is None:
@@ -134,23 +92,14 @@ def detect(launcher: str, timeout: float = 20.0) -> tuple[Flavour, str]:
     return flavour, match.group(1) if match else "unknown"
 
 
-_SYSTEM_LIBDIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64", "/lib")
-
-
 def find_libdir(flavour: Flavour, launcher: str) -> str | None:
     """Directory holding the flavour's libmpi next to the launcher (bin/../lib)."""
     real = Path(os.path.realpath(launcher))
     for candidate in (real.parent.parent / "lib", real.parent.parent / "lib64",
-                      *map(Path, _SYSTEM_LIBDIRS)):
-        if any((candidate / name).exists() for name in _lib_names(flavour)):
+                      *map(Path, SYSTEM_LIBDIRS)):
+        if any((candidate / name).exists() for name in flavour.abi.sonames):
             return str(candidate)
     return None
-
-
-def _lib_names(flavour: Flavour) -> tuple[str, ...]:
-    if flavour.family == "mpich":
-        return (flavour.libmpi_soname, "libmpich.so.12")
-    return (flavour.libmpi_soname,)
 
 
 def resolve(requested: str, launcher: str | None, env: dict[str, str]) -> MpiInstall:
@@ -181,43 +130,7 @@ def locate(flavour: Flavour, launcher: str | None, env: dict[str, str]) -> MpiIn
     return MpiInstall(flavour, binary, "unknown", libdir, f"--mpi {flavour.name}")
 
 
-# --- binding flags per flavour ---------------------------------------------------------
-
-def openmpi_binding(p: Placement) -> list[str]:
-    if p.oversubscribed:
-        return ["--map-by", f"ppr:{p.ranks_per_node}:node", "--bind-to", "none",
-                "--oversubscribe"]
-    unit, count = ("numa", p.ranks_per_numa) if p.layout == "per-numa" else (
-        "node", p.ranks_per_node)
-    pe = f":PE={p.cores_per_rank}"
-    args = ["--map-by", f"ppr:{count}:{unit}{pe}", "--bind-to", "core"]
-    if p.hyperthreads:
-        args[1] = f"ppr:{count}:{unit}:PE={p.threads_per_rank}"
-        args[3] = "hwthread"
-        args.append("--use-hwthread-cpus")
-    return args
-
-
-def mpich_binding(p: Placement) -> list[str]:
-    if p.oversubscribed:
-        return ["-bind-to", "none"]
-    return ["-bind-to", "user:" + ",".join("+".join(map(str, s.cpus)) for s in p.slots)]
-
-
-def intel_binding(p: Placement) -> list[str]:
-    return []
-
-
-def intel_binding_env(p: Placement) -> dict[str, str]:
-    if p.oversubscribed:
-        return {"I_MPI_PIN": "0"}
-    masks = ",".join(s.mask for s in p.slots)
-    return {"I_MPI_PIN": "1", "I_MPI_PIN_DOMAIN": f"[{masks}]"}
-
-
-BINDING_ARGS = {"openmpi": openmpi_binding, "mpich": mpich_binding, "intel": intel_binding}
-BINDING_ENV = {"openmpi": lambda p: {}, "mpich": lambda p: {}, "intel": intel_binding_env}
-
+# --- binding under srun (the same for every flavour) ---------------------------------
 
 def srun_binding(p: Placement) -> list[str]:
     if p.oversubscribed:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from . import flavours
 from ..core.errors import UserError
+from .abi import SYSTEM_LIBDIRS
 from .flavours import Flavour, MpiInstall
 from .hosts import parse_hosts
 from .facts import Facts, choose_mode
@@ -194,22 +195,21 @@ def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str],
     """Env (and compat links) so that ranks, mpi4py included, load the chosen libmpi."""
     if mpi is None:
         return {}, (), []
-    out = {"MPI4PY_MPIABI": mpi.flavour.mpi4py_abi}
+    family = mpi.flavour.abi
+    out = {"MPI4PY_MPIABI": family.mpi4py_abi}
     links: tuple[tuple[str, str], ...] = ()
     notes: list[str] = []
     libdirs: list[str] = []
-    if mpi.libdir and mpi.flavour.family == "mpich":
-        soname = Path(mpi.libdir) / mpi.flavour.libmpi_soname
-        if not soname.exists() and (Path(mpi.libdir) / "libmpich.so.12").exists():
-            shim = str(Path(cache_dir).expanduser() / "abi" / mpi.flavour.name)
-            links = ((f"{shim}/{mpi.flavour.libmpi_soname}",
-                      f"{mpi.libdir}/libmpich.so.12"),)
-            libdirs.append(shim)
-            notes.append(f"{mpi.libdir} has libmpich.so.12 but no {mpi.flavour.libmpi_soname} "
-                         "(Debian layout): a compat link makes MPICH-ABI programs load it")
-        elif mpi.libdir not in flavours._SYSTEM_LIBDIRS:
-            libdirs.append(mpi.libdir)
-    if mpi.libdir and mpi.flavour.family == "openmpi" and mpi.libdir not in flavours._SYSTEM_LIBDIRS:
+    libdir = Path(mpi.libdir) if mpi.libdir else None
+    missing = [c for c in family.compat if libdir and not (libdir / c.name).exists()
+               and (libdir / c.target).exists()]
+    if missing:
+        shim = str(Path(cache_dir).expanduser() / "abi" / mpi.flavour.name)
+        links = tuple((f"{shim}/{c.name}", f"{mpi.libdir}/{c.target}") for c in missing)
+        libdirs.append(shim)
+        notes += [f"{mpi.libdir} has {c.target} but no {c.name} (Debian layout): a compat "
+                  f"link makes {family.title}-ABI programs load it" for c in missing]
+    elif mpi.libdir and mpi.libdir not in SYSTEM_LIBDIRS:
         libdirs.append(mpi.libdir)
     if libdirs:
         current = env.get("LD_LIBRARY_PATH", "")
@@ -226,7 +226,7 @@ def _global_env(options: Options, facts: Facts, master_addr: str,
         lib_env, links, notes = {}, (), []
     env.update(lib_env)
     if facts.mpi:
-        env.update(flavours.BINDING_ENV[facts.mpi.flavour.name](placement))
+        env.update(facts.mpi.flavour.binding_env(placement))
     return env, links, notes
 
 
@@ -252,10 +252,10 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
         argv += ["--host", ",".join(f"{h}:{rpn}" for h, _ in hosts)]
     else:
         argv += ["-hosts", ",".join(h for h, _ in hosts), "-ppn", str(rpn)]
-    if flavour.name == "openmpi" and facts.uid == 0:
-        argv.append("--allow-run-as-root")
-        notes.append("running as root: Open MPI needs --allow-run-as-root")
-    argv += flavours.BINDING_ARGS[flavour.name](placement)
+    if flavour.root_flags and facts.uid == 0:
+        argv += flavour.root_flags
+        notes.append(f"running as root: {flavour.title} needs {' '.join(flavour.root_flags)}")
+    argv += flavour.binding_args(placement)
     argv += flavour.env_args(env)
     argv += [*facts.self_argv, *wrapper_argv(options, rpn, facts.container)]
     return LaunchPlan(mode="mpirun", reason=reason, argv=tuple(argv), env=tuple(env.items()),

@@ -15,7 +15,6 @@ else by looking at its library directories and reading its ``libc.so.6``.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -25,18 +24,15 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import elf
+from . import abi, elf
 from ..core.errors import UserError
 
 MANIFEST = "opt/hpcai/manifest.json"
-IMAGE_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
+# The image is of this machine's architecture: its multiarch directory is ours.
+IMAGE_LIB_DIRS = (f"/usr/lib/{abi.MULTIARCH}", f"/lib/{abi.MULTIARCH}", "/usr/lib64",
                   "/usr/local/lib")
 SQUASH_SUFFIXES = (".sqfs", ".squashfs", ".squash")
 SIF_SUFFIXES = (".sif", ".simg")
-
-PMI_FOR_FAMILY = {"openmpi": "pmix", "mpich": "pmi2", "mpiabi": "pmix"}
-_FAMILY_SONAMES = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12 / libmpich.so.12",
-                   "mpiabi": "libmpi_abi.so"}
 
 
 def format_version(version: tuple[int, int] | None) -> str:
@@ -139,10 +135,6 @@ def _parse_glibc(text) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-_MPI_SONAMES = (("libmpi.so.40", "openmpi"), ("libmpi.so.12", "mpich"),
-                ("libmpich.so.12", "mpich"))
-
-
 def _mpi_from_names(names: set[str], libmpi_target: str | None
                     ) -> tuple[str | None, str | None, str]:
     """(family, soname, note) from the library names an image has.
@@ -150,8 +142,7 @@ def _mpi_from_names(names: set[str], libmpi_target: str | None
     With several MPI families present, the development link ``libmpi.so`` (Debian's
     alternatives) decides; without it the family is left open (None) and the note says so.
     """
-    found = [(soname, family) for soname, family in _MPI_SONAMES if soname in names]
-    found += [(n, "mpiabi") for n in sorted(names) if n.startswith("libmpi_abi.so.")]
+    found = [(n, abi.family_of_soname(n).name) for n in abi.libmpi_names(names)]
     families = sorted({family for _, family in found})
     if len(families) > 1:
         if libmpi_target:
@@ -217,10 +208,11 @@ def _from_manifest(path: str, kind: str, data: dict, names: set[str]) -> ImageIn
     listed = data.get("sonames") or data.get("libraries") or []
     names = set(names) | {n for n in listed if isinstance(n, str)}
     family, soname = mpi.get("family"), mpi.get("soname")
-    if family and not soname:
-        soname = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12"}.get(family)
-    if soname and not family:
-        family = dict(_MPI_SONAMES).get(soname)
+    known = abi.FAMILIES.get(family) if family else abi.family_of_soname(soname or "")
+    if family and not soname and known and known.sonames:
+        soname = known.sonames[0]
+    if soname and not family and known:
+        family = known.name
     abis = tuple(a for a in mpi.get("abis") or () if isinstance(a, str))
     return ImageInfo(path, kind, family or None, soname or None, _parse_glibc(data.get("glibc")),
                      frozenset(names), "manifest", abis)
@@ -261,23 +253,34 @@ def _prefix(rel: str, prefixes: tuple[str, ...]) -> str:
 # --- ABI, glibc and PMI ------------------------------------------------------------------
 
 def check_abi(host, image_family: str | None, image_soname: str | None) -> None:
-    """Host MPI (a ``hostlibs.HostMpi``) and image MPI must share an ABI family.
+    """Host MPI (a ``hostmpi.HostMpi``) and image MPI must share an ABI family.
 
-    An image without MPI is fine (the host's is all there is). An image built for the
-    MPI-5 standard ABI also runs on a host whose MPI ships ``libmpi_abi.so`` beside its own.
+    An image without MPI is fine (the host's is all there is). An image built for a
+    side-by-side family (the MPI-5 standard ABI) also runs on a host whose MPI ships that
+    family's library (``libmpi_abi.so``) beside its own.
     """
     if not image_family or image_family == host.family:
         return
-    if image_family == "mpiabi" and glob.glob(os.path.join(host.libdir, "libmpi_abi.so.*")):
+    wanted = abi.FAMILIES.get(image_family)
+    if wanted and wanted.side_by_side and _ships(host.libdir, wanted):
         return
-    image_what = image_soname or _FAMILY_SONAMES.get(image_family, image_family)
+    host_family = abi.FAMILIES.get(host.family)
+    image_what = image_soname or (wanted.described if wanted else image_family)
     raise UserError(
         f"ABI mismatch: the host MPI is {host.name} {host.version} ({host.soname}, "
         f"{host.family} ABI) but the image's MPI is {image_family} ({image_what}); "
         "binding one into the other breaks at the first MPI call",
         f"use an image built with the host's MPI family ({host.family}: "
-        f"{_FAMILY_SONAMES.get(host.family, host.soname)}), or run with --no-bind-host-mpi "
-        "to use the image's own MPI")
+        f"{host_family.described if host_family else host.soname}), or run with "
+        "--no-bind-host-mpi to use the image's own MPI")
+
+
+def _ships(libdir: str, family: abi.Family) -> bool:
+    """Whether ``libdir`` holds a libmpi of ``family``."""
+    try:
+        return any(map(family.owns, os.listdir(libdir)))
+    except OSError:
+        return False
 
 
 def check_glibc(libs, image_glibc: tuple[int, int]) -> None:
@@ -331,13 +334,13 @@ def check_pmi(needed: str, srun_mpi_list_output: str) -> None:
         return
     if needed == "pmix" and any(n.startswith("pmix_v") for n in available):
         return
-    which = {"pmix": "Open MPI", "pmi2": "MPICH and Intel MPI"}.get(needed, "this MPI")
+    which = " and ".join(f.title for f in abi.FLAVOURS.values() if f.srun_mpi == needed)
     raise UserError(
         f"srun has no PMI plugin {needed!r} (srun --mpi=list offers: "
         f"{', '.join(available) or 'nothing'}); without it srun starts every rank as a "
         "separate 'rank 0 of 1'",
-        f"{which} under srun needs --mpi={needed}: ask the admins for Slurm's {needed} "
-        "plugin, set pmi in the site profile to one listed, or start the ranks with "
+        f"{which or 'this MPI'} under srun needs --mpi={needed}: ask the admins for Slurm's "
+        f"{needed} plugin, set pmi in the site profile to one listed, or start the ranks with "
         "mpirun/mpiexec instead of srun (--launcher mpirun)")
 
 
@@ -345,7 +348,8 @@ def needed_pmi(host, site=None) -> str:
     """The srun --mpi plugin for a host MPI (the site profile's ``pmi`` wins)."""
     if site is not None and getattr(site, "pmi", None):
         return site.pmi
-    return PMI_FOR_FAMILY.get(host.family, "pmix")
+    family = abi.FAMILIES.get(host.family)
+    return family.pmi if family else "pmix"
 
 
 def srun_mpi_list(env: dict[str, str] | None = None, timeout: float = 30.0) -> str:

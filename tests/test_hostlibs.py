@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.launcher import elf, hostlibs, preflight
+from hpcai.launcher import elf, hostlibs, hostmpi, preflight
 from hpcai.core.errors import UserError
-from hpcai.launcher.hostlibs import HostMpi, LibFile
+from hpcai.launcher.hostlibs import LibFile
+from hpcai.launcher.hostmpi import HostMpi
 from hpcai.launcher.site import SiteProfile
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -184,7 +185,7 @@ def tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def intel(tree) -> HostMpi:
-    return hostlibs.identify_libmpi(tree / "intel/lib/libmpi.so.12")
+    return hostmpi.identify_libmpi(tree / "intel/lib/libmpi.so.12")
 
 
 def _image(root: Path, *, libs: dict[str, str | Path | None], mount: bool = True,
@@ -227,7 +228,7 @@ def test_read_elf_real_libraries(path, soname, needs):
     assert info.soname == soname
     assert needs in info.needed
     assert info.glibc_needed is not None and info.glibc_needed >= (2, 2)
-    assert elf.is_elf(path)
+    assert elf.ident(path) == (2, 1, 62)              # ELFCLASS64, little-endian, x86-64
 
 
 def test_read_elf_matches_readelf_on_real_openmpi():
@@ -272,24 +273,38 @@ def test_read_elf_section_headers_when_no_program_headers(tree, tmp_path):
     assert (b.soname, b.needed, b.runpath) == (a.soname, a.needed, a.runpath)
 
 
+def test_read_elf_program_headers_when_no_section_headers(tree, tmp_path):
+    """sstrip'd files: the PT_DYNAMIC segment still names soname, needs and run path."""
+    original = tree / "site/opt/extra/libsitehook.so"
+    data = bytearray(original.read_bytes())
+    struct.pack_into("<Q", data, 40, 0)                   # e_shoff = 0
+    struct.pack_into("<HHH", data, 58, 0, 0, 0)           # e_shentsize, e_shnum, e_shstrndx
+    copy = tmp_path / "libsitehook-noshdr.so"
+    copy.write_bytes(bytes(data))
+    a, b = elf.read_elf(original), elf.read_elf(copy)
+    assert a.needed and a.runpath == ("$ORIGIN",)
+    assert (b.soname, b.needed, b.runpath) == (a.soname, a.needed, a.runpath)
+
+
 def test_read_elf_rejects_non_elf(tmp_path, tree):
     text = tmp_path / "notes.txt"
     text.write_text("not a library at all, but long enough to have an ELF header's size ....")
     with pytest.raises(ValueError, match=r"notes.txt: not an ELF file"):
         elf.read_elf(text)
-    assert not elf.is_elf(text) and not elf.is_elf(tmp_path / "missing")
+    assert elf.ident(text) is None and elf.ident(tmp_path / "missing") is None
     short = tmp_path / "short"
     short.write_bytes(b"\x7fELF")
-    with pytest.raises(ValueError, match="not an ELF file"):
+    assert elf.ident(short) is None
+    with pytest.raises(ValueError, match="short: truncated or corrupt ELF file"):
         elf.read_elf(short)
     truncated = tmp_path / "truncated.so"
     truncated.write_bytes((tree / "ucx/lib/libucp.so.0.0.0").read_bytes()[:200])
-    with pytest.raises(ValueError, match="truncated|not backed|outside"):
+    with pytest.raises(ValueError, match="truncated.so: truncated or corrupt ELF file"):
         elf.read_elf(truncated)
-    big_endian = tmp_path / "be.so"
-    big_endian.write_bytes(b"\x7fELF\x02\x02" + bytes(100))
-    with pytest.raises(ValueError, match="big-endian"):
-        elf.read_elf(big_endian)
+    bad_class = tmp_path / "bad-class.so"
+    bad_class.write_bytes(b"\x7fELF\x03\x01" + bytes(100))   # EI_CLASS 3: no such class
+    with pytest.raises(ValueError, match="bad-class.so: truncated or corrupt ELF file"):
+        elf.read_elf(bad_class)
 
 
 def test_glibc_version_of(tree, tmp_path):
@@ -312,7 +327,7 @@ def test_glibc_version_of(tree, tmp_path):
 def test_identify_real_host_libraries(path, family, name, version):
     if not path.exists():
         pytest.skip(f"{path} not installed")
-    host = hostlibs.identify_libmpi(path)
+    host = hostmpi.identify_libmpi(path)
     assert (host.family, host.name, host.version) == (family, name, version)
     assert host.libmpi == os.path.realpath(path) and host.soname == path.name
     assert host.libdir == str(SYSLIB) and host.root is None
@@ -322,69 +337,69 @@ def test_identify_real_intel_mpi():
     path = IMPI / "lib" / "libmpi.so.12"
     if not path.exists():
         pytest.skip("impi-rt not installed")
-    host = hostlibs.identify_libmpi(path)
+    host = hostmpi.identify_libmpi(path)
     assert (host.family, host.name, host.soname) == ("mpich", "intel", "libmpi.so.12")
     assert host.version.startswith("2021.")
     assert host.root == str(IMPI)
     abi = IMPI / "lib" / "libmpi_abi.so.1"
     if abi.exists():
-        assert hostlibs.identify_libmpi(abi).family == "mpiabi"
+        assert hostmpi.identify_libmpi(abi).family == "mpiabi"
 
 
 def test_identify_fake_libraries(tree, intel):
     assert intel == HostMpi("mpich", "intel", "2021.19", str(tree / "intel/lib/libmpi.so.12"),
                             "libmpi.so.12", str(tree / "intel/lib"), str(tree / "intel"),
                             f"identified from {tree / 'intel/lib/libmpi.so.12'}")
-    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
     assert (ompi.family, ompi.name, ompi.version, ompi.soname) == (
         "openmpi", "openmpi", "4.1.6", "libmpi.so.40")
     assert ompi.libmpi == str(tree / "ompi/lib/libmpi.so.40.30.6")
     assert ompi.root == str(tree / "ompi")
-    mpich = hostlibs.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
+    mpich = hostmpi.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
     assert (mpich.family, mpich.name, mpich.version, mpich.soname) == (
         "mpich", "mpich", "4.1.2", "libmpich.so.12")
-    abi = hostlibs.identify_libmpi(tree / "intel/lib/libmpi_abi.so.1")
+    abi = hostmpi.identify_libmpi(tree / "intel/lib/libmpi_abi.so.1")
     assert (abi.family, abi.name) == ("mpiabi", "intel")
     with pytest.raises(ValueError, match="not a known MPI library"):
-        hostlibs.identify_libmpi(tree / "opa/usr/lib64/libpsm2.so.2")
+        hostmpi.identify_libmpi(tree / "opa/usr/lib64/libpsm2.so.2")
 
 
 def test_find_host_mpi_search_order(tree):
     ompi_lib = str(tree / "ompi/lib/libmpi.so.40.30.6")
-    found = hostlibs.find_host_mpi({"I_MPI_ROOT": str(tree / "intel")},
-                                   str(tree / "ompi/bin/mpirun"), ldconfig_output="")
+    found = hostmpi.find_host_mpi({"I_MPI_ROOT": str(tree / "intel")},
+                                  str(tree / "ompi/bin/mpirun"), ldconfig_output="")
     assert found.libmpi == ompi_lib and found.how.startswith("next to the launcher")
-    found = hostlibs.find_host_mpi({"I_MPI_ROOT": str(tree / "intel"),
+    found = hostmpi.find_host_mpi({"I_MPI_ROOT": str(tree / "intel"),
                                     "MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
     assert (found.name, found.how) == ("intel", "$I_MPI_ROOT/lib")
-    found = hostlibs.find_host_mpi({"MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
+    found = hostmpi.find_host_mpi({"MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
     assert (found.name, found.how) == ("openmpi", "$MPI_HOME/lib")
-    found = hostlibs.find_host_mpi({"EBROOTMPICH": str(tree / "mpich")}, ldconfig_output="")
+    found = hostmpi.find_host_mpi({"EBROOTMPICH": str(tree / "mpich")}, ldconfig_output="")
     assert (found.soname, found.how) == ("libmpich.so.12", "$EBROOTMPICH/lib")
-    found = hostlibs.find_host_mpi({"LD_LIBRARY_PATH": f"/nonexistent:{tree / 'mpich/lib'}"},
-                                   ldconfig_output="")
+    found = hostmpi.find_host_mpi({"LD_LIBRARY_PATH": f"/nonexistent:{tree / 'mpich/lib'}"},
+                                  ldconfig_output="")
     assert (found.soname, found.how) == ("libmpich.so.12", "$LD_LIBRARY_PATH")
     ldconfig = (
         "3 libs found in cache `/etc/ld.so.cache'\n"
         f"\tlibmpi.so.12 (libc6) => /usr/lib/i386-linux-gnu/libmpi.so.12\n"
         f"\tlibmpi.so.12 (libc6,x86-64) => {tree / 'intel/lib/libmpi.so.12'}\n"
         f"\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1\n")
-    found = hostlibs.find_host_mpi({}, ldconfig_output=ldconfig)
+    found = hostmpi.find_host_mpi({}, ldconfig_output=ldconfig)
     assert (found.name, found.how) == ("intel", "ldconfig -p: libmpi.so.12")
-    assert hostlibs.find_host_mpi({"MPI_HOME": "/nonexistent"}, ldconfig_output="") is None
+    assert hostmpi.find_host_mpi({"MPI_HOME": "/nonexistent"}, ldconfig_output="") is None
 
 
 def test_find_host_mpi_real_launchers_pick_their_family():
     if not (shutil.which("mpirun.openmpi") and shutil.which("mpiexec.mpich")):
         pytest.skip("needs Debian's Open MPI and MPICH")
-    ompi = hostlibs.find_host_mpi({}, shutil.which("mpirun.openmpi"), ldconfig_output="")
-    mpich = hostlibs.find_host_mpi({}, shutil.which("mpiexec.mpich"), ldconfig_output="")
+    ompi = hostmpi.find_host_mpi({}, shutil.which("mpirun.openmpi"), ldconfig_output="")
+    mpich = hostmpi.find_host_mpi({}, shutil.which("mpiexec.mpich"), ldconfig_output="")
     assert (ompi.name, ompi.soname) == ("openmpi", "libmpi.so.40")
     assert (mpich.name, mpich.soname) == ("mpich", "libmpich.so.12")
-    by_name = hostlibs.find_host_mpi({"PATH": os.environ["PATH"]}, "mpiexec.mpich",
-                                     ldconfig_output="")
+    by_name = hostmpi.find_host_mpi({"PATH": os.environ["PATH"]}, "mpiexec.mpich",
+                                    ldconfig_output="")
     assert by_name.soname == "libmpich.so.12"
-    assert hostlibs.find_host_mpi({}, ldconfig_output=None) is not None   # real ldconfig -p
+    assert hostmpi.find_host_mpi({}, ldconfig_output=None) is not None   # real ldconfig -p
 
 
 # --- collecting, staging, binding env -----------------------------------------------------
@@ -483,7 +498,7 @@ def test_collect_fi_provider_path_and_internal_libfabric_off(tree, intel, tmp_pa
 
 
 def test_collect_openmpi_components_and_mpich_alias(tree):
-    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
     libs = hostlibs.collect(ompi, [str(tree / "ucx/lib")], set(IMAGE_HAS), None)
     assert [(x.relpath, x.role) for x in libs] == [
         ("libmpi.so.40", "mpi"), ("libopen-rte.so.40", "mpi"), ("libopen-pal.so.40", "mpi"),
@@ -499,7 +514,7 @@ def test_collect_openmpi_components_and_mpich_alias(tree):
                    "UCX_MODULE_DIR": "/opt/hpcai/host/lib/ucx",
                    "OMPI_MCA_mca_base_component_path": "/opt/hpcai/host/lib/openmpi",
                    "MPI4PY_MPIABI": "openmpi"}
-    mpich = hostlibs.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
+    mpich = hostmpi.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
     libs = hostlibs.collect(mpich, [], set(), None)
     real = str(tree / "mpich/lib/libmpich.so.12.3.0")
     assert libs == [LibFile(real, "libmpich.so.12", "mpi"), LibFile(real, "libmpi.so.12", "mpi")]
@@ -521,7 +536,7 @@ def test_collect_real_host_openmpi():
     path = SYSLIB / "libmpi.so.40"
     if not path.exists():
         pytest.skip("Open MPI not installed")
-    host = hostlibs.identify_libmpi(path)
+    host = hostmpi.identify_libmpi(path)
     dirs = [str(SYSLIB), "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
     libs = hostlibs.collect(host, dirs, {"libz.so.1"}, None)
     names = [x.relpath for x in libs]
@@ -604,7 +619,7 @@ def test_binding_env_golden(intel_libs):
 
 def test_check_abi_mismatch_openmpi_host_mpich_image(tree, tmp_path):
     real = SYSLIB / "libmpi.so.40"
-    host = hostlibs.identify_libmpi(real if real.exists() else tree / "ompi/lib/libmpi.so.40")
+    host = hostmpi.identify_libmpi(real if real.exists() else tree / "ompi/lib/libmpi.so.40")
     image = _image(tmp_path / "img", libs={
         "libmpich.so.12.3.0": tree / "mpich/lib/libmpich.so.12.3.0",
         "libmpich.so.12": "->libmpich.so.12.3.0",
@@ -624,7 +639,7 @@ def test_check_abi_accepts(tree, intel):
     preflight.check_abi(intel, "mpich", "libmpich.so.12")
     preflight.check_abi(intel, None, None)                   # image without MPI
     preflight.check_abi(intel, "mpiabi", "libmpi_abi.so.1")  # Intel ships libmpi_abi beside
-    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
     with pytest.raises(UserError, match="ABI mismatch"):
         preflight.check_abi(ompi, "mpiabi", "libmpi_abi.so.1")
 
@@ -689,7 +704,7 @@ def test_check_pmi():
 
 
 def test_needed_pmi(intel, tree):
-    ompi = hostlibs.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
     assert preflight.needed_pmi(intel) == "pmi2" and preflight.needed_pmi(ompi) == "pmix"
     lrz = SiteProfile.load(DATA / "site-lrz.toml")
     assert preflight.needed_pmi(ompi, lrz) == "pmi2"

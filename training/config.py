@@ -191,10 +191,6 @@ def check_framework(cfg: TrainConfig) -> None:
                         "TensorFlow gradients", "use --comm mpi (the default) or horovod")
 
 
-_ABI_OF_SONAME = {"libmpi.so.40": "openmpi", "libmpi.so.12": "mpich",
-                  "libmpich.so.12": "mpich"}
-
-
 def horovod_package() -> Path | None:
     """The installed ``horovod`` package directory (found without importing it), or None."""
     spec = importlib.util.find_spec("horovod")
@@ -210,14 +206,17 @@ def horovod_built(framework: str) -> bool:
 
 
 def horovod_mpi_abi(package_dir: str | os.PathLike) -> tuple[str, str] | None:
-    """(MPI ABI, soname) that Horovod's compiled ops link against, read from their ELF
-    DT_NEEDED (no import, nothing loaded), or None if no MPI library is named."""
+    """(MPI ABI as ``MPI4PY_MPIABI`` names it, soname) that Horovod's compiled ops link
+    against, read from their ELF DT_NEEDED (no import, nothing loaded), or None if no MPI
+    library is named."""
+    from ..launcher.abi import family_of_soname
     from ..launcher.elf import read_elf
 
     for lib in sorted(Path(package_dir).glob("*/mpi_lib*.so")):
         for needed in read_elf(lib).needed:
-            if needed in _ABI_OF_SONAME:
-                return _ABI_OF_SONAME[needed], needed
+            family = family_of_soname(needed)
+            if family:
+                return family.mpi4py_abi, needed
     return None
 
 
