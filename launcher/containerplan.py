@@ -17,6 +17,7 @@ from . import abi, containers, hostlibs, hostmpi, preflight
 from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
 from ..core.errors import UserError
 from .site import SiteProfile
+from ..slurm import pmi
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         checks.append(f"glibc: {len(libs)} bound libraries need at most the image's "
                       f"{preflight.format_version(info.glibc)}")
     if srun_pmi and not in_rank:
-        preflight.check_pmi(srun_pmi, preflight.srun_mpi_list())
+        pmi.check(srun_pmi, pmi.srun_list(env))
         checks.append(f"srun --mpi={srun_pmi} available")
     cache = Path(cache_dir).expanduser()
     staged = str(hostlibs.stage(libs, cache) if stage else hostlibs.stage_dir(libs, cache))

@@ -17,7 +17,9 @@ from . import flavours, rankenv, topology
 from .flavours import MpiInstall
 from .options import Options
 from .rankenv import RankInfo, in_slurm_step
+from .site import SiteProfile
 from .topology import Topology
+from ..slurm import pmi
 
 if TYPE_CHECKING:
     from .containerplan import ContainerFacts
@@ -83,7 +85,9 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     container = None
     if options.container and options.runtime != "none":
         from . import containerplan
-        srun_pmi = mpi.flavour.srun_mpi if mpi and mode == "srun" else None
+        site = SiteProfile.load(options.site) if options.site else SiteProfile.from_env(env)
+        srun_pmi = pmi.choose(None, site, mpi.flavour.srun_mpi if mpi else None) \
+            if mode == "srun" else None
         container = containerplan.gather(
             runtime=options.runtime, image=options.container,
             bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,

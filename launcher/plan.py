@@ -27,6 +27,7 @@ from .placement import Placement, plan_placement, thread_env
 from .rankenv import RankInfo, in_slurm_step, torch_env
 from .containers import HOST_MOUNT, get_runtime
 from .topology import Topology
+from ..slurm import pmi
 from ..slurm.srun import SrunStep, srun_argv
 
 if TYPE_CHECKING:
@@ -287,7 +288,8 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     flavour = facts.mpi.flavour if facts.mpi else None
     if flavour is None:
         notes.append("MPI flavour unknown: srun uses the site's default --mpi plugin")
-    argv = srun_line(options, flavour.srun_mpi if flavour else None, placement,
+    site = facts.container.site if facts.container else None
+    argv = srun_line(options, pmi.choose(None, site, flavour.srun_mpi if flavour else None), placement,
                      facts.topology, nodes, facts.self_argv, container=facts.container)
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),

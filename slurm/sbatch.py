@@ -29,6 +29,7 @@ from ..core.errors import UserError
 from ..launcher.placement import check_fits
 from ..launcher.options import Options
 from ..launcher.site import SiteProfile
+from . import pmi
 from .srun import SrunStep, srun_argv
 
 DEFAULT_SIGNAL = "USR1@120"
@@ -82,13 +83,8 @@ def check(spec: JobSpec) -> None:
 
 
 def _pmi(spec: JobSpec) -> str | None:
-    if spec.pmi:
-        return spec.pmi
-    if spec.site and spec.site.pmi:
-        return spec.site.pmi
-    if spec.mpi != "auto":
-        return flavours.get(spec.mpi).srun_mpi
-    return None
+    return pmi.choose(spec.pmi, spec.site,
+                      flavours.get(spec.mpi).srun_mpi if spec.mpi != "auto" else None)
 
 
 def wrapper_argv(spec: JobSpec) -> list[str]:

@@ -14,9 +14,12 @@ import pytest
 
 from hpcai.core.errors import UserError
 from hpcai.launcher import abi, flavours, hostlibs, hostmpi, preflight
+from hpcai.slurm import pmi
 from hpcai.launcher.abi import CompatLink, Family, Flavour
 from hpcai.launcher.flavours import MpiInstall
-from hpcai.launcher.plan import Facts, Options, build_plan, mpi_library_env
+from hpcai.launcher.facts import Facts
+from hpcai.launcher.options import Options
+from hpcai.launcher.plan import build_plan, mpi_library_env
 from hpcai.launcher.topology import synthetic
 
 
@@ -68,10 +71,10 @@ def test_lookups():
 
 def test_check_pmi_names_the_flavours_from_the_table():
     with pytest.raises(UserError) as err:
-        preflight.check_pmi("pmi2", "MPI plugin types are...\n\tnone\n")
+        pmi.check("pmi2", "MPI plugin types are...\n\tnone\n")
     assert err.value.hint.startswith("MPICH and Intel MPI under srun needs --mpi=pmi2")
     with pytest.raises(UserError) as err:
-        preflight.check_pmi("cray_shasta", "MPI plugin types are...\n\tnone\n")
+        pmi.check("cray_shasta", "MPI plugin types are...\n\tnone\n")
     assert err.value.hint.startswith("this MPI under srun needs --mpi=cray_shasta")
 
 
@@ -171,7 +174,7 @@ def test_added_family_is_found_identified_and_collected(toy):
     assert [(x.name, x.role) for x in libs] == [("libtoy.so.3", "mpi"),
                                                 ("libtoympi.so.3", "mpi")]
     assert hostlibs.binding_env("/mnt", libs)["MPI4PY_MPIABI"] == "toyabi"
-    assert preflight.needed_pmi(host) == "pmi2"
+    assert pmi.choose(None, None, abi.FAMILIES[host.family].pmi) == "pmi2"
 
 
 def test_without_the_records_nothing_knows_the_toy():

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.launcher import elf, hostlibs, hostmpi, preflight
+from hpcai.launcher import abi, elf, hostlibs, hostmpi, preflight
+from hpcai.slurm import pmi
 from hpcai.core.errors import UserError
 from hpcai.launcher.hostlibs import LibFile
 from hpcai.launcher.hostmpi import HostMpi
@@ -681,33 +682,36 @@ SRUN_NO_PMI2 = "MPI plugin types are...\n\tnone\n\tpmix\nspecific pmix plugin ve
 
 
 def test_parse_srun_mpi_list_formats():
-    assert preflight.parse_srun_mpi_list(SRUN_22_05) == (
+    assert pmi.parse_list(SRUN_22_05) == (
         "pmix", "none", "cray_shasta", "pmi2", "pmix_v4")
-    assert preflight.parse_srun_mpi_list(SRUN_OLD) == ("none", "pmi2", "pmix_v3", "pmix")
-    assert preflight.parse_srun_mpi_list(SRUN_NO_PMI2) == ("none", "pmix", "pmix_v3",
+    assert pmi.parse_list(SRUN_OLD) == ("none", "pmi2", "pmix_v3", "pmix")
+    assert pmi.parse_list(SRUN_NO_PMI2) == ("none", "pmix", "pmix_v3",
                                                            "pmix_v4")
 
 
 def test_check_pmi():
     for needed in ("pmix", "pmi2", "pmix_v4"):
-        preflight.check_pmi(needed, SRUN_22_05)
-    preflight.check_pmi("pmix", "MPI plugin types are...\n\tnone\n\tpmix_v3\n")
+        pmi.check(needed, SRUN_22_05)
+    pmi.check("pmix", "MPI plugin types are...\n\tnone\n\tpmix_v3\n")
     with pytest.raises(UserError) as err:
-        preflight.check_pmi("pmi2", SRUN_NO_PMI2)
+        pmi.check("pmi2", SRUN_NO_PMI2)
     assert err.value.message.startswith(
         "srun has no PMI plugin 'pmi2' (srun --mpi=list offers: none, pmix, pmix_v3, pmix_v4)")
     assert "rank 0 of 1" in err.value.message
     assert err.value.hint.startswith("MPICH and Intel MPI under srun needs --mpi=pmi2")
     assert "--launcher mpirun" in err.value.hint
     with pytest.raises(UserError, match="offers: none"):
-        preflight.check_pmi("pmix", "MPI plugin types are...\n\tnone\n")
+        pmi.check("pmix", "MPI plugin types are...\n\tnone\n")
 
 
 def test_needed_pmi(intel, tree):
     ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
-    assert preflight.needed_pmi(intel) == "pmi2" and preflight.needed_pmi(ompi) == "pmix"
+    def needed(host, site=None):
+        return pmi.choose(None, site, abi.FAMILIES[host.family].pmi)
+
+    assert needed(intel) == "pmi2" and needed(ompi) == "pmix"
     lrz = SiteProfile.load(DATA / "site-lrz.toml")
-    assert preflight.needed_pmi(ompi, lrz) == "pmi2"
+    assert needed(ompi, lrz) == "pmi2"
 
 
 def test_srun_mpi_list_real(tmp_path):
@@ -716,11 +720,11 @@ def test_srun_mpi_list_real(tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\n"
                     "PartitionName=debug Nodes=ALL Default=YES\n")
-    text = preflight.srun_mpi_list({**os.environ, "SLURM_CONF": str(conf)})
+    text = pmi.srun_list({**os.environ, "SLURM_CONF": str(conf)})
     assert text.startswith("MPI plugin types are...")
-    assert {"pmi2", "pmix", "none"} <= set(preflight.parse_srun_mpi_list(text))
+    assert {"pmi2", "pmix", "none"} <= set(pmi.parse_list(text))
     with pytest.raises(UserError, match="srun not found"):
-        preflight.srun_mpi_list({"PATH": str(tmp_path)})
+        pmi.srun_list({"PATH": str(tmp_path)})
 
 
 def test_check_image_missing_and_mount_point(tmp_path, tree):
