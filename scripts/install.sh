@@ -47,8 +47,8 @@ fi
 # cannot answer for the installed package.
 if ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
 import os, sys
-import hpcai.launcher
-here = os.path.dirname(os.path.dirname(os.path.abspath(hpcai.launcher.__file__)))
+import hpcai, hpcai.core.cli, hpcai.launcher
+here = os.path.dirname(os.path.abspath(hpcai.__file__))   # the repository root is the package
 sys.exit(0 if here == sys.argv[1] else 1)
 PY
 ); then
