@@ -45,7 +45,7 @@ if [ ! -x "$IMPI/bin/mpiexec.hydra" ]; then
 fi
 # Is this checkout the one installed? Asked from / so that the checkout's own hpcai/ folder
 # cannot answer for the installed package.
-if ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
+if [ ! -x "$VENV/bin/hpcai-launch" ] || ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
 import os, sys
 import hpcai, hpcai.core.cli, hpcai.launcher
 here = os.path.dirname(os.path.abspath(hpcai.__file__))   # the repository root is the package

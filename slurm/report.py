@@ -47,11 +47,11 @@ from pathlib import Path
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
+from .sweep import PointRecord
 
 POINT_FILE = "point.json"
 EPOCHS_FILE = "epochs.jsonl"
 OUTPUT_NAMES = ("scaling.md", "scaling.csv", "scaling.json", "scaling.png")
-POINT_INT_FIELDS = ("nodes", "ranks_per_node", "threads_per_rank")
 EPOCH_NUM_FIELDS = ("epoch_time_s", "samples_per_s", "gflops_total", "pct_of_peak")
 PROVENANCE_FIELDS = ("world_size", "ranks_per_node", "threads_per_rank")
 FORMULA = ("linear(n) = t(n0) * n0 / n, efficiency = linear / t, n0 = the smallest node "
@@ -116,37 +116,29 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _read_point(pdir: Path) -> tuple[dict | None, str | None]:
+def _read_point(pdir: Path) -> tuple[PointRecord | None, str | None]:
     path = pdir / POINT_FILE
     if not path.is_file():
         return None, f"{path}: missing (not a finished sweep point); skipped"
     try:
-        point = json.loads(path.read_text(encoding="utf-8"))
+        record = PointRecord.load(path)
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"{path}: unreadable ({exc}); skipped"
     except json.JSONDecodeError as exc:
         return None, f"{path}: not JSON ({exc}); skipped"
-    if not isinstance(point, dict):
-        return None, f"{path}: not a JSON object; skipped"
-    for key in POINT_INT_FIELDS:
-        value = point.get(key)
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            why = "missing" if key not in point else f"not a positive integer ({value!r})"
-            return None, f"{path}: field {key!r} {why}; skipped"
-    status = point.get("status")
+    except ValueError as exc:
+        return None, f"{path}: {exc}; skipped"
+    status = record.status
     if status != "done":
         why = "failed" if status == "failed" else f"{status!r}, not done"
         if status in ("submitted", "running"):
             why += (" (if its job has ended, refresh the statuses with hpcai-launch sweep "
                     "--collect --results RESULTS)")
         return None, f"{path}: status {why}; skipped"
-    scaling = point.get("scaling", "weak")
-    if scaling not in SCALING_NOTE:
-        return None, f"{path}: field 'scaling' is {scaling!r}, not weak or strong; skipped"
-    return point, None
+    return record, None
 
 
-def _read_epochs(pdir: Path, point: dict) -> tuple[list[dict] | None, str | None]:
+def _read_epochs(pdir: Path, record: PointRecord) -> tuple[list[dict] | None, str | None]:
     path = pdir / EPOCHS_FILE
     if not path.is_file():
         return None, f"{path}: missing (point status is done, but no epoch was recorded); skipped"
@@ -154,9 +146,10 @@ def _read_epochs(pdir: Path, point: dict) -> tuple[list[dict] | None, str | None
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"{path}: unreadable ({exc}); skipped"
-    want = {"world_size": point["nodes"] * point["ranks_per_node"],
-            "ranks_per_node": point["ranks_per_node"],
-            "threads_per_rank": point["threads_per_rank"]}
+    point = record.point
+    want = {"world_size": point.nodes * point.ranks_per_node,
+            "ranks_per_node": point.ranks_per_node,
+            "threads_per_rank": point.threads_per_rank}
     records = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -188,8 +181,8 @@ def _read_epochs(pdir: Path, point: dict) -> tuple[list[dict] | None, str | None
                 return None, f"{where}: field 'provenance.{key}' missing; skipped"
             if prov[key] != want[key]:
                 return None, (f"{where}: provenance.{key} is {prov[key]!r} but {POINT_FILE} "
-                              f"says {want[key]!r} (nodes {point['nodes']} x ranks/node "
-                              f"{point['ranks_per_node']}, threads {point['threads_per_rank']}); "
+                              f"says {want[key]!r} (nodes {point.nodes} x ranks/node "
+                              f"{point.ranks_per_node}, threads {point.threads_per_rank}); "
                               f"skipped")
         records.append(rec)
     if not records:
@@ -198,10 +191,11 @@ def _read_epochs(pdir: Path, point: dict) -> tuple[list[dict] | None, str | None
 
 
 def _read_run(pdir: Path, include_first_epoch: bool) -> tuple[_Run | None, list[str]]:
-    point, problem = _read_point(pdir)
-    if point is None:
+    record, problem = _read_point(pdir)
+    if record is None:
         return None, [problem]
-    records, problem = _read_epochs(pdir, point)
+    point = record.point
+    records, problem = _read_epochs(pdir, record)
     if records is None:
         return None, [problem]
     path = pdir / EPOCHS_FILE
@@ -220,8 +214,8 @@ def _read_run(pdir: Path, include_first_epoch: bool) -> tuple[_Run | None, list[
         notes.append(f"{path}: only one epoch ({whole[0]['epoch']}); used it, warm-up included")
     peaks = [r["peak"]["gflops_per_rank"] for r in used
              if isinstance(r.get("peak"), dict) and _is_num(r["peak"].get("gflops_per_rank"))]
-    run = _Run(name=pdir.name, nodes=point["nodes"], rpn=point["ranks_per_node"],
-               threads=point["threads_per_rank"], scaling=point.get("scaling", "weak"),
+    run = _Run(name=pdir.name, nodes=point.nodes, rpn=point.ranks_per_node,
+               threads=point.threads_per_rank, scaling=point.scaling,
                times=[r["epoch_time_s"] for r in used],
                samples=_mean([r["samples_per_s"] for r in used]),
                gflops=_mean([r["gflops_total"] for r in used]),

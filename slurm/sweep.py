@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..core.cli import Parser, split_command
@@ -47,6 +47,51 @@ class Point:
     @property
     def name(self) -> str:
         return f"N{self.nodes}-R{self.ranks_per_node}-T{self.threads_per_rank}-rep{self.repeat}"
+
+
+POINT_SCHEMA = 1
+SCALINGS = ("weak", "strong")
+
+
+@dataclass(frozen=True)
+class PointRecord:
+    """``RESULTS/<point>/point.json``: the point and where its run stands (flat JSON)."""
+
+    point: Point
+    status: str                      # submitted, running, done, incomplete, failed
+    job_id: str | None = None
+    exit_code: int | None = None
+    schema: int = POINT_SCHEMA
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self.point), "status": self.status,
+                           "job_id": self.job_id, "exit_code": self.exit_code,
+                           "schema": self.schema}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PointRecord":
+        """Read one; ValueError saying which field is wrong. A file without ``schema`` is
+        of schema 1 (written before the field existed, same keys)."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        if data.get("schema", 1) != POINT_SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, this hpcai reads {POINT_SCHEMA}")
+        for key in ("nodes", "ranks_per_node", "threads_per_rank"):
+            value = data.get(key)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                why = "missing" if key not in data else f"not a positive integer ({value!r})"
+                raise ValueError(f"field {key!r} {why}")
+        scaling = data.get("scaling", "weak")
+        if scaling not in SCALINGS:
+            raise ValueError(f"field 'scaling' is {scaling!r}, not weak or strong")
+        point = Point(data["nodes"], data["ranks_per_node"], data["threads_per_rank"],
+                      int(data.get("repeat", 0)), scaling, data.get("batch_size"))
+        return cls(point, str(data.get("status")), data.get("job_id"), data.get("exit_code"))
+
+    @classmethod
+    def load(cls, path: Path) -> "PointRecord":
+        return cls.from_json(path.read_text(encoding="utf-8"))
 
 
 def parse_counts(text: str, what: str) -> list[int]:
@@ -103,11 +148,10 @@ def point_command(command: list[str], point: Point, out: Path) -> list[str]:
     return cmd
 
 
-def write_point(directory: Path, point: Point, **state) -> None:
+def write_point(directory: Path, record: PointRecord) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    data = {**asdict(point), **state}
     tmp = directory / ".point.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp.write_text(record.to_json())
     tmp.replace(directory / "point.json")
 
 
@@ -144,7 +188,7 @@ def _run_slurm(points, command, results: Path, ns) -> dict[str, str]:
         script.write_text(sb.render(spec))
         job = sb.submit(script)
         jobs[point.name] = job
-        write_point(directory, point, job_id=job, status="submitted")
+        write_point(directory, PointRecord(point, "submitted", job_id=job))
         print(f"submitted {point.name}: job {job}", flush=True)
     return jobs
 
@@ -190,24 +234,25 @@ def _run_mpirun(points, command, results: Path, ns) -> None:
              for point in points]
     for point, argv in zip(points, argvs):
         directory = results / point.name
-        write_point(directory, point, job_id=None, status="running")
+        write_point(directory, PointRecord(point, "running"))
         with open(directory / "run.log", "w") as log:
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
                                   check=False).returncode
         status = _status(directory, _epochs_of(command)) if code == 0 else "failed"
-        write_point(directory, point, job_id=None, status=status, exit_code=code)
+        write_point(directory, PointRecord(point, status, exit_code=code))
         print(f"{point.name}: {status}", flush=True)
 
 
 def collect_status(results: Path, command_epochs: int | None = None) -> None:
     """Refresh every point.json's status from what its run left behind."""
     for point_file in sorted(results.glob("*/point.json")):
-        data = json.loads(point_file.read_text())
-        if data.get("status") in ("submitted", "running"):
-            data["status"] = _status(point_file.parent, command_epochs)
-            tmp = point_file.with_name(".point.json.tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            tmp.replace(point_file)
+        try:
+            record = PointRecord.load(point_file)
+        except (OSError, ValueError):
+            continue      # the report names the file and why
+        if record.status in ("submitted", "running"):
+            write_point(point_file.parent,
+                        replace(record, status=_status(point_file.parent, command_epochs)))
 
 
 def _cores(ns) -> int:
