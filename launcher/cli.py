@@ -39,7 +39,7 @@ from .plan import MPI_CHOICES, build_plan
 
 def _validate(argv: list[str]) -> int:
     from .validate import main as validate
-    return validate(argv)
+    return validate(argv, parse)
 
 
 def _sbatch(argv: list[str]) -> int:

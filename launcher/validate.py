@@ -24,6 +24,7 @@ import sys
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 from ..core.cli import Parser
 from ..core.errors import UserError
@@ -125,9 +126,9 @@ def table(records: list[ProbeRecord]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    from .cli import parse
-
+def main(argv: list[str],
+         parse: Callable[[list[str]], tuple[Options, argparse.Namespace]]) -> int:
+    """``parse``: hpcai-launch's own option parser (the launch options pass through it)."""
     ns, launch_args = _split(argv)
     options, _ = parse(launch_args)
     if options.container is None or options.runtime == "none":

@@ -1,1 +1,1 @@
-"""Slurm helpers: a private local cluster for tests and trials (`localcluster`)."""
+"""Slurm: the srun line, the PMI plugin, node lists, batch scripts, sweeps and reports."""

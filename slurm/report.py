@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
-from .sweep import PointRecord
+from .points import PointRecord
 
 POINT_FILE = "point.json"
 EPOCHS_FILE = "epochs.jsonl"
