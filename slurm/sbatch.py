@@ -38,15 +38,17 @@ TRAIN_COMMANDS = ("train", "hpcai-train")
 
 @dataclass(frozen=True)
 class JobSpec:
-    command: tuple[str, ...]
+    """One batch job: the ``#SBATCH`` directives and what each rank runs."""
+
+    command: tuple[str, ...]               # the user's command, run by every rank
     nodes: int = 1
     ranks_per_node: int = 1
-    threads_per_rank: int | None = None
-    time: str = "01:00:00"
+    threads_per_rank: int | None = None    # None: the site's cores per node / ranks
+    time: str = "01:00:00"                 # Slurm's [D-]HH:MM:SS
     partition: str | None = None
     account: str | None = None
     job_name: str = "hpcai"
-    output: str = "hpcai-%j.out"
+    output: str = "hpcai-%j.out"           # %j: the job id
     signal: str = DEFAULT_SIGNAL
     mpi: str = "auto"
     container: str | None = None
