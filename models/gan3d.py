@@ -1,5 +1,8 @@
 """3DGAN (CERN's calorimeter-shower GAN) in PyTorch, as described in docs/3dgan.md.
 
+The constants it shares with the Keras model (loss weights, E' range, latent size, layer
+hyper-parameters) and f(E') come from ``gan3d_spec``.
+
 Conventions
 -----------
 * Images are channels-first ``(N, 1, 25, 25, 25)``; the last spatial axis is depth (the 25
@@ -26,15 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-LATENT = 200
-LOSS_WEIGHTS = (8.0, 0.2, 0.1)
-E_MIN, E_MAX = 0.1, 5.0
+from .gan3d_spec import (BN_EPS, DROPOUT, E_MAX, E_MIN, EPS, FLIP_PROB, LATENT, LEAKY_ALPHA,
+                         sampling_fraction, weighted_loss)
 
-LEAKY_ALPHA = 0.3
 BN_MOMENTUM = 0.01  # torch convention: Keras momentum 0.99 -> 1 - 0.99
-BN_EPS = 1e-3
-DROPOUT = 0.2
-EPS = 1e-7  # Keras K.epsilon(): BCE clipping and the MAPE denominator floor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,11 +214,6 @@ class Discriminator(nn.Module):
 # Loss pieces
 
 
-def sampling_fraction(e: torch.Tensor) -> torch.Tensor:
-    """f(E') = E' (0.0018E'^4 - 0.023E'^3 + 0.11E'^2 - 0.28E' + 2.21): expected sum of cells."""
-    return e * (0.0018 * e**4 - 0.023 * e**3 + 0.11 * e**2 - 0.28 * e + 2.21)
-
-
 def bce(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy of probabilities ``p`` against ``y``; p clipped to [1e-7, 1-1e-7]."""
     y = y.reshape(p.shape).to(p.dtype)
@@ -255,11 +248,6 @@ def sample_inputs(n: int, gen_rng: torch.Generator, device: torch.device | str |
     return e, z, e * z
 
 
-def _weighted(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    w0, w1, w2 = LOSS_WEIGHTS
-    return w0 * parts[0] + w1 * parts[1] + w2 * parts[2]
-
-
 def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
                             gen: torch.Generator):
     """w0 BCE(fake(x), BitFlip(1)) + w1 MAPE(E'_x, aux(x)) + w2 MAPE(sum x, ecal(x)).
@@ -268,11 +256,11 @@ def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
     """
     n = x.shape[0]
     fake, aux, ecal = D(x)
-    labels = bit_flip(torch.ones((n, 1), device=x.device), 0.05, gen)
+    labels = bit_flip(torch.ones((n, 1), device=x.device), FLIP_PROB, gen)
     e = e.reshape(n, 1).to(aux.dtype)
     ecal_target = x.detach().sum(dim=(1, 2, 3, 4)).unsqueeze(1)
     parts = (bce(fake, labels), mape(e, aux), mape(ecal_target, ecal))
-    return _weighted(parts), parts
+    return weighted_loss(parts), parts
 
 
 def _generate(G: Generator, n: int, gen_rng: torch.Generator, device) -> tuple:
@@ -300,9 +288,9 @@ def discriminator_fake_loss(D: Discriminator, G: Generator, e: torch.Tensor,
         G.train(was_training)
     x_hat = x_hat.detach()
     fake, aux, ecal = D(x_hat)
-    labels = bit_flip(torch.zeros((n, 1), device=device), 0.05, gen_rng)
+    labels = bit_flip(torch.zeros((n, 1), device=device), FLIP_PROB, gen_rng)
     parts = (bce(fake, labels), mape(e_s, aux), mape(sampling_fraction(e_s), ecal))
-    return _weighted(parts), parts
+    return weighted_loss(parts), parts
 
 
 @contextlib.contextmanager
@@ -347,7 +335,7 @@ def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: tor
     fake, aux, ecal = D(x_hat)
     ones = torch.ones((n, 1), device=device)
     parts = (bce(fake, ones), mape(e_s, aux), mape(sampling_fraction(e_s), ecal))
-    return _weighted(parts), parts
+    return weighted_loss(parts), parts
 
 
 # ---------------------------------------------------------------------------------------------

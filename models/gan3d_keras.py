@@ -1,6 +1,7 @@
 """3DGAN (CERN's calorimeter-shower GAN) in Keras 3, as described in docs/3dgan.md.
 
-The same network as ``models/gan3d.py`` (PyTorch), built with the Keras functional API.
+The same network as ``models/gan3d.py`` (PyTorch), built with the Keras functional API, with
+the constants both share from ``gan3d_spec``.
 Keras (and so TensorFlow) is imported lazily inside the builders: importing this module does
 not need either.
 
@@ -26,12 +27,10 @@ that tests and weight-transfer code can find layers by name.
 
 from __future__ import annotations
 
-LATENT = 200
-IMAGE = (25, 25, 25)
-LEAKY_ALPHA = 0.3
+from .gan3d_spec import BN_EPS, DROPOUT, GRID, LATENT, LEAKY_ALPHA
+
+IMAGE = (GRID, GRID, GRID)
 BN_MOMENTUM = 0.99  # Keras convention
-BN_EPS = 1e-3
-DROPOUT = 0.2
 
 GENERATOR_PARAMS = 872_948
 DISCRIMINATOR_PARAMS = 73_450

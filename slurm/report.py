@@ -47,6 +47,7 @@ from pathlib import Path
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
+from ..training.record import EpochRecord, OtherRecord, RecordError
 from .points import PointRecord
 
 POINT_FILE = "point.json"
@@ -107,11 +108,6 @@ class _Run:
     notes: list[str]
 
 
-def _is_num(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -138,7 +134,7 @@ def _read_point(pdir: Path) -> tuple[PointRecord | None, str | None]:
     return record, None
 
 
-def _read_epochs(pdir: Path, record: PointRecord) -> tuple[list[dict] | None, str | None]:
+def _read_epochs(pdir: Path, record: PointRecord) -> tuple[list[EpochRecord] | None, str | None]:
     path = pdir / EPOCHS_FILE
     if not path.is_file():
         return None, f"{path}: missing (point status is done, but no epoch was recorded); skipped"
@@ -156,34 +152,23 @@ def _read_epochs(pdir: Path, record: PointRecord) -> tuple[list[dict] | None, st
             continue
         where = f"{path}:{lineno}"
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            return None, f"{where}: not JSON ({exc.msg}); skipped"
-        if not isinstance(rec, dict):
-            return None, f"{where}: not a JSON object; skipped"
-        if rec.get("record", "epoch") != "epoch":
+            rec = EpochRecord.from_json(line)
+        except OtherRecord:
             continue
-        for key in ("epoch", "steps"):
-            if not (isinstance(rec.get(key), int) and not isinstance(rec.get(key), bool)):
-                why = "missing" if key not in rec else f"not an integer ({rec[key]!r})"
-                return None, f"{where}: field {key!r} {why}; skipped"
+        except RecordError as exc:
+            return None, f"{where}: {exc}; skipped"
         for key in EPOCH_NUM_FIELDS:
-            if not _is_num(rec.get(key)):
-                why = "missing" if key not in rec else f"not a finite number ({rec[key]!r})"
-                return None, f"{where}: field {key!r} {why}; skipped"
-        if rec["epoch_time_s"] <= 0:
-            return None, f"{where}: epoch_time_s is {rec['epoch_time_s']!r}, not > 0; skipped"
-        prov = rec.get("provenance")
-        if not isinstance(prov, dict):
-            return None, f"{where}: field 'provenance' missing; skipped"
+            if not math.isfinite(getattr(rec, key)):
+                return None, (f"{where}: field {key!r} not a finite number "
+                              f"({getattr(rec, key)!r}); skipped")
+        if rec.epoch_time_s <= 0:
+            return None, f"{where}: epoch_time_s is {rec.epoch_time_s!r}, not > 0; skipped"
         for key in PROVENANCE_FIELDS:
-            if key not in prov:
-                return None, f"{where}: field 'provenance.{key}' missing; skipped"
-            if prov[key] != want[key]:
-                return None, (f"{where}: provenance.{key} is {prov[key]!r} but {POINT_FILE} "
-                              f"says {want[key]!r} (nodes {point.nodes} x ranks/node "
-                              f"{point.ranks_per_node}, threads {point.threads_per_rank}); "
-                              f"skipped")
+            if getattr(rec.provenance, key) != want[key]:
+                return None, (f"{where}: provenance.{key} is {getattr(rec.provenance, key)!r} "
+                              f"but {POINT_FILE} says {want[key]!r} (nodes {point.nodes} x "
+                              f"ranks/node {point.ranks_per_node}, threads "
+                              f"{point.threads_per_rank}); skipped")
         records.append(rec)
     if not records:
         return None, f"{path}: no epoch records; skipped"
@@ -200,26 +185,25 @@ def _read_run(pdir: Path, include_first_epoch: bool) -> tuple[_Run | None, list[
         return None, [problem]
     path = pdir / EPOCHS_FILE
     notes: list[str] = []
-    whole = [r for r in records if not r.get("first_step")]
+    whole = [r for r in records if not r.first_step]
     for r in records:
-        if r.get("first_step"):
-            notes.append(f"{path}: epoch {r['epoch']} is partial (resumed at step "
-                         f"{r['first_step']}); left out")
+        if r.first_step:
+            notes.append(f"{path}: epoch {r.epoch} is partial (resumed at step "
+                         f"{r.first_step}); left out")
     if not whole:
         return None, notes + [f"{path}: no whole epoch recorded; skipped"]
-    whole.sort(key=lambda r: r["epoch"])
+    whole.sort(key=lambda r: r.epoch)
     first_excluded = not include_first_epoch and len(whole) > 1
     used = whole[1:] if first_excluded else whole
     if not include_first_epoch and len(whole) == 1:
-        notes.append(f"{path}: only one epoch ({whole[0]['epoch']}); used it, warm-up included")
-    peaks = [r["peak"]["gflops_per_rank"] for r in used
-             if isinstance(r.get("peak"), dict) and _is_num(r["peak"].get("gflops_per_rank"))]
+        notes.append(f"{path}: only one epoch ({whole[0].epoch}); used it, warm-up included")
+    peaks = [r.peak.gflops_per_rank for r in used if math.isfinite(r.peak.gflops_per_rank)]
     run = _Run(name=pdir.name, nodes=point.nodes, rpn=point.ranks_per_node,
                threads=point.threads_per_rank, scaling=point.scaling,
-               times=[r["epoch_time_s"] for r in used],
-               samples=_mean([r["samples_per_s"] for r in used]),
-               gflops=_mean([r["gflops_total"] for r in used]),
-               pct=_mean([r["pct_of_peak"] for r in used]),
+               times=[r.epoch_time_s for r in used],
+               samples=_mean([r.samples_per_s for r in used]),
+               gflops=_mean([r.gflops_total for r in used]),
+               pct=_mean([r.pct_of_peak for r in used]),
                peak=_mean(peaks) if peaks else None,
                first_excluded=first_excluded, notes=notes)
     return run, notes

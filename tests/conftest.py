@@ -27,6 +27,17 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def blocked_env(shim: Path, *modules: str) -> dict[str, str]:
+    """``base_env()`` in which ``modules`` cannot be imported, as if not installed: a
+    ``sitecustomize`` in ``shim`` sets ``sys.modules[m] = None`` (``import m`` and its
+    submodules raise ImportError) and goes first on PYTHONPATH, before the rest of it."""
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules))
+    rest = os.environ.get("PYTHONPATH")
+    return base_env(PYTHONPATH=os.pathsep.join([str(shim), *([rest] if rest else [])]))
+
+
 @dataclass(frozen=True)
 class MpiUnderTest:
     name: str            # hpcai flavour name

@@ -9,12 +9,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import torch
 
 from hpcai.core.errors import UserError
+from hpcai.models.gan3d_spec import sampling_fraction
 from hpcai.training import showers
-from hpcai.training.gan_data import (DatasetIndex, EpochSharder, ShowerReader, SyntheticImages,
-                                     batches, find_files, preprocess, validate)
+from hpcai.training.batches import BatchStream, EpochSharder
+from hpcai.training.shower_data import (DatasetIndex, ShowerReader, find_files, preprocess,
+                                        validate)
+from hpcai.training.synthetic_images import SyntheticImages
 
 N_FILES, N_EVENTS = 2, 64
 
@@ -75,7 +77,7 @@ def test_physics(arrays):
     assert energy.min() >= 10 and energy.max() <= 500
     assert energy.max() - energy.min() > 200                       # spread over the range
     total = ecal.sum(axis=(1, 2, 3), dtype=np.float64)
-    ratio = total / showers.sampling_fraction(energy / 100.0)      # sum [GeV] ~ f(E')
+    ratio = total / sampling_fraction(energy / 100.0)      # sum [GeV] ~ f(E')
     assert 0.9 < ratio.mean() < 1.1
     assert ratio.std() < 0.05
     assert np.all(np.abs(ratio - 1) < 0.2)
@@ -204,11 +206,11 @@ def test_real_layout_loads_unchanged(tmp_path):
     expected = expected.astype(np.float32)[:, None]
     with ShowerReader(index) as reader:
         x, e = reader.read([4, 0, 2])
-    assert x.dtype == torch.float32 and x.shape == (3, 1, 25, 25, 25)
-    assert e.dtype == torch.float32 and e.shape == (3,)
-    np.testing.assert_array_equal(x.numpy(), expected[[4, 0, 2]])
-    np.testing.assert_allclose(e.numpy(), (target[[4, 0, 2], 1] / 100).astype(np.float32))
-    assert (x.numpy()[x.numpy() > 0] >= 1e-6).all() and (x.numpy() == 0).any()
+    assert x.dtype == np.float32 and x.shape == (3, 1, 25, 25, 25)
+    assert e.dtype == np.float32 and e.shape == (3,)
+    np.testing.assert_array_equal(x, expected[[4, 0, 2]])
+    np.testing.assert_allclose(e, (target[[4, 0, 2], 1] / 100).astype(np.float32))
+    assert (x[x > 0] >= 1e-6).all() and (x == 0).any()
 
     px, pe = preprocess(ecal, target)
     np.testing.assert_array_equal(px, expected)
@@ -223,15 +225,15 @@ def test_reader_order_matches_h5py(data_dir, arrays):
     wanted = [100, 3, 70, 64, 63, 3, 0, 127, 6, 5, 7, 8]             # both files, repeat, run
     x, e = reader.read(wanted)
     expected = np.where(ecal[wanted] < 1e-6, 0, ecal[wanted])[:, None]
-    np.testing.assert_array_equal(x.numpy(), expected)
-    np.testing.assert_array_equal(e.numpy(), (target[wanted, 1] / 100).astype(np.float32))
+    np.testing.assert_array_equal(x, expected)
+    np.testing.assert_array_equal(e, (target[wanted, 1] / 100).astype(np.float32))
     empty_x, empty_e = reader.read([])
     assert empty_x.shape == (0, 1, 25, 25, 25) and empty_e.shape == (0,)
     with pytest.raises(IndexError):
         reader.read([2 * N_EVENTS])
     reader.close()
     x2, _ = reader.read(wanted)                                    # reopens lazily
-    assert torch.equal(x, x2)
+    assert np.array_equal(x, x2)
     reader.close()
 
 
@@ -277,19 +279,19 @@ def test_batches_resume_matches_tail(data_dir, prefetch):
     index = validate(find_files(data_dir))
     reader = ShowerReader(index)
     sharder = EpochSharder(index.total, 2, 1, 8, seed=3)
-    full = list(batches(sharder, reader, epoch=2, prefetch=prefetch))
+    full = list(BatchStream(sharder, reader, epoch=2, prefetch=prefetch))
     assert [s for s, _, _ in full] == list(range(sharder.steps_per_epoch))
     for step, x, e in full:
         ref_x, ref_e = reader.read(sharder.batch_indices(2, step))
-        assert torch.equal(x, ref_x) and torch.equal(e, ref_e)
-    stream = batches(sharder, reader, epoch=2, start_step=5, prefetch=prefetch)
+        assert np.array_equal(x, ref_x) and np.array_equal(e, ref_e)
+    stream = BatchStream(sharder, reader, epoch=2, start_step=5, prefetch=prefetch)
     assert len(stream) == sharder.steps_per_epoch - 5
     tail = list(stream)
     assert [s for s, _, _ in tail] == list(range(5, sharder.steps_per_epoch))
     for (s1, x1, e1), (s2, x2, e2) in zip(full[5:], tail):
-        assert s1 == s2 and torch.equal(x1, x2) and torch.equal(e1, e2)
+        assert s1 == s2 and np.array_equal(x1, x2) and np.array_equal(e1, e2)
     assert stream.wait_s >= 0 and stream.read_s > 0 and stream.steps_done == len(tail)
-    with batches(sharder, reader, epoch=0, prefetch=prefetch) as early:  # abandon early
+    with BatchStream(sharder, reader, epoch=0, prefetch=prefetch) as early:  # abandon early
         for step, _, _ in early:
             if step == 1:
                 break
@@ -299,15 +301,16 @@ def test_batches_resume_matches_tail(data_dir, prefetch):
 def test_synthetic_images():
     data = SyntheticImages(50, image_size=32, classes=10, seed=4)
     x, y = data.read([7, 3, 7])
-    assert x.shape == (3, 3, 32, 32) and x.dtype == torch.float32
-    assert y.shape == (3,) and y.dtype == torch.int64
-    assert torch.equal(x[0], x[2]) and not torch.equal(x[0], x[1])
+    assert x.shape == (3, 3, 32, 32) and x.dtype == np.float32
+    assert y.shape == (3,) and y.dtype == np.int64
+    assert np.array_equal(x[0], x[2]) and not np.array_equal(x[0], x[1])
     x2, y2 = SyntheticImages(50, image_size=32, classes=10, seed=4).read([7, 3, 7])
-    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert np.array_equal(x, x2) and np.array_equal(y, y2)
     x3, _ = SyntheticImages(50, image_size=32, classes=10, seed=5).read([7])
-    assert not torch.equal(x[0], x3[0])
+    assert not np.array_equal(x[0], x3[0])
     assert ((0 <= y) & (y < 10)).all()
     assert abs(float(x.mean())) < 0.5 and 0.5 < float(x.std()) < 2.5  # normalised
     sharder = EpochSharder(len(data), 2, 0, 4, seed=0)
-    steps = [(s, xb.shape, yb.shape) for s, xb, yb in batches(sharder, data, 0, prefetch=False)]
+    steps = [(s, xb.shape, yb.shape)
+             for s, xb, yb in BatchStream(sharder, data, 0, prefetch=False)]
     assert len(steps) == 50 // 8 and steps[0][1] == (4, 3, 32, 32)

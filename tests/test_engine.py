@@ -42,17 +42,18 @@ def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(tmp_path)
     script.write_text(
         "import torch\n"
         "from mpi4py import MPI\n"
-        "from hpcai.training.replicas import broadcast_state, verify, ReplicaDivergence\n"
+        "from hpcai.training.replicas import verify, ReplicaDivergence\n"
+        "from hpcai.training.torch_trainer import broadcast_state, module_arrays\n"
         "comm = MPI.COMM_WORLD\n"
         "m = torch.nn.Linear(8, 2)\n"
         "broadcast_state([m], comm)\n"
-        "verify([m], comm, exact=True)\n"
+        "verify(module_arrays([m]), comm, exact=True)\n"
         "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "torch.manual_seed(comm.rank)\n"
         "m(torch.randn(4, 8)).sum().backward()  # no allreduce: the silent failure\n"
         "opt.step()\n"
         "try:\n"
-        "    verify([m], comm, exact=False)\n"
+        "    verify(module_arrays([m], buffers=False), comm, exact=False)\n"
         "except ReplicaDivergence as exc:\n"
         "    print('caught:', exc, flush=True)\n")
     result = run(["hpcai-launch", "-N", "2", "--", "python", str(script)], base_env())

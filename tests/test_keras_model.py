@@ -15,7 +15,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from models import gan3d_keras as gk  # noqa: E402
+from hpcai.models import gan3d_keras as gk  # noqa: E402
 
 FORMATS = ("channels_last", "channels_first")
 

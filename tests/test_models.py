@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from hpcai.models import gan3d
+from hpcai.models import gan3d, gan3d_spec
 from hpcai.models.gan3d import Discriminator, Generator
 from hpcai.models.resnet import Bottleneck, resnet50, resnet_tiny
 
@@ -208,13 +208,16 @@ def test_initialisers():
 # --------------------------------------------------------------------------- losses
 
 def test_constants_and_sampling_fraction():
-    assert gan3d.LATENT == 200
-    assert gan3d.LOSS_WEIGHTS == (8.0, 0.2, 0.1)
-    f1 = gan3d.sampling_fraction(torch.tensor(1.0))
+    assert gan3d.LATENT == gan3d_spec.LATENT == 200
+    assert gan3d_spec.LOSS_WEIGHTS == (8.0, 0.2, 0.1)
+    f1 = gan3d_spec.sampling_fraction(torch.tensor(1.0))
     assert f1.item() == pytest.approx(1 * (0.0018 - 0.023 + 0.11 - 0.28 + 2.21))
     e = torch.tensor([0.5, 2.0])
     ref = e * (0.0018 * e**4 - 0.023 * e**3 + 0.11 * e**2 - 0.28 * e + 2.21)
-    torch.testing.assert_close(gan3d.sampling_fraction(e), ref)
+    torch.testing.assert_close(gan3d_spec.sampling_fraction(e), ref)
+    # the same f(E') for NumPy (the Keras tasks and the shower data use it that way)
+    np_e = e.numpy().astype("float64")
+    assert gan3d_spec.sampling_fraction(np_e) == pytest.approx(ref.double().numpy(), rel=1e-6)
 
 
 def test_bce_clipping():
@@ -269,7 +272,7 @@ def test_discriminator_real_loss_parts(D):
     total, parts = gan3d.discriminator_real_loss(D, x, e, rng(14))
     assert len(parts) == 3
     assert parts[2].item() == 0.0  # ecal output is exactly the sum of the input
-    w = gan3d.LOSS_WEIGHTS
+    w = gan3d_spec.LOSS_WEIGHTS
     assert total.item() == pytest.approx(sum(wi * p.item() for wi, p in zip(w, parts)), rel=1e-6)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from hpcai.slurm import report
+from hpcai.training.record import AllreduceTotals, EpochRecord, Peak, Provenance, RecordError
 from hpcai.slurm.report import Row, collect, main, plot, render_markdown, write_csv, write_json
 
 # Epoch times per (ranks/node, threads) -> nodes -> repeat -> (epoch 0, epoch 1, epoch 2).
@@ -30,13 +32,22 @@ GFLOP_PER_SAMPLE = 19.0
 def _record(epoch: int, t: float, nodes: int, rpn: int, threads: int) -> dict:
     world = nodes * rpn
     samples = BATCH * 10 * world / t
-    return {"record": "epoch", "version": 1, "model": "3dgan", "epoch": epoch, "steps": 10,
-            "first_step": 0, "epoch_time_s": t, "samples_per_s": samples,
-            "gflops_total": GFLOP_PER_SAMPLE * samples,
-            "pct_of_peak": 5.0 if epoch == 0 else 40.0 + epoch,
-            "peak": {"gflops_per_rank": 100.0, "source": "measured"},
-            "provenance": {"world_size": world, "ranks_per_node": rpn,
-                           "threads_per_rank": threads, "comm": "mpi"}}
+    prov = Provenance(world_size=world, ranks_per_node=rpn, threads_per_rank=threads,
+                      cpus_rank0=None, framework="pytorch", framework_version="2",
+                      comm="mpi", comm_version="mpi4py 4", mpi_library_version="Open MPI",
+                      libmpi=None, hosts=("n1",), git_revision="abc", torch="2")
+    record = EpochRecord(
+        model="3dgan", framework="pytorch", epoch=epoch, steps=10, first_step=0,
+        epoch_time_s=t, compute_s=t, comm_s=0.0, grad_sync_s=0.0, grad_sync_imbalance_s=0.0,
+        data_s=0.0, samples_per_rank=BATCH * 10, samples_per_s_per_rank=samples / world,
+        samples_per_s=samples, flops_per_sample=GFLOP_PER_SAMPLE * 1e9, flop_convention="",
+        gflops_per_rank=GFLOP_PER_SAMPLE * samples / world,
+        gflops_total=GFLOP_PER_SAMPLE * samples,
+        peak=Peak(gflops_per_rank=100.0, source="measured"),
+        pct_of_peak=5.0 if epoch == 0 else 40.0 + epoch, lr=1e-3, losses={"g": 1.0},
+        allreduce=AllreduceTotals(bytes_per_rank=0, calls=0, overlap=True, bucket_mb=4.0),
+        max_rss_mb_per_rank=100.0, provenance=prov)
+    return record.to_dict()
 
 
 def _point(root: Path, nodes: int, rpn: int, threads: int, repeat: int,
@@ -266,3 +277,59 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "hint: " in err
+
+
+# The keys of an epoch record as the trainer writes them (schema 1), in order.
+RECORD_KEYS = [
+    "record", "version", "model", "framework", "epoch", "steps", "first_step", "epoch_time_s",
+    "compute_s", "comm_s", "grad_sync_s", "grad_sync_imbalance_s", "data_s",
+    "samples_per_rank", "samples_per_s_per_rank", "samples_per_s", "flops_per_sample",
+    "flop_convention", "gflops_per_rank", "gflops_total", "peak", "pct_of_peak", "lr",
+    "losses", "allreduce", "max_rss_mb_per_rank", "provenance"]
+
+
+def test_record_keys_and_round_trip() -> None:
+    doc = _record(1, 2.0, 2, 2, 4)
+    assert list(doc) == RECORD_KEYS and len(doc) == 27
+    assert list(doc["peak"]) == ["gflops_per_rank", "source"]
+    assert list(doc["allreduce"]) == ["bytes_per_rank", "calls", "overlap", "bucket_mb"]
+    line = json.dumps(doc)
+    record = EpochRecord.from_json(line)
+    assert record.provenance.hosts == ("n1",) and record.eval is None
+    assert json.loads(record.to_json()) == json.loads(line)
+    doc["eval"] = {"samples": 4, "aux_rel_error": 0.5}
+    with_eval = EpochRecord.from_json(json.dumps(doc))
+    assert list(with_eval.to_dict()) == RECORD_KEYS + ["eval"]
+    assert with_eval.eval == {"samples": 4, "aux_rel_error": 0.5}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"version": 2}, "schema version 2, but this hpcai reads version 1 only"),
+    ({"version": None}, "field 'version' not an integer (None)"),
+    ({"steps": 1.5}, "field 'steps' not an integer (1.5)"),
+    ({"epoch_time_s": "fast"}, "field 'epoch_time_s' not a number ('fast')"),
+    ({"peak": 3}, "field 'peak' not an object (3)"),
+    ({"losses": {"g": "x"}}, "field 'losses' not an object of numbers"),
+])
+def test_record_errors_name_the_field(change, message) -> None:
+    doc = {**_record(1, 2.0, 1, 1, 4), **change}
+    with pytest.raises(RecordError, match=re.escape(message)):
+        EpochRecord.from_json(json.dumps(doc))
+    nested = _record(1, 2.0, 1, 1, 4)
+    del nested["provenance"]["threads_per_rank"]
+    with pytest.raises(RecordError, match="field 'provenance.threads_per_rank' missing"):
+        EpochRecord.from_dict(nested)
+
+
+def test_unknown_schema_version_is_named_and_skipped(tmp_path: Path) -> None:
+    root = tmp_path / "res"
+    newer = _point(root, 1, 1, 4, 0, None)
+    doc = _record(0, 2.0, 1, 1, 4)
+    doc["version"] = 2
+    (newer / "epochs.jsonl").write_text(json.dumps(doc) + "\n")
+    _point(root, 2, 1, 4, 0, (9.0, 4.0, 4.0))
+    rows, problems = collect(root)
+    assert [r.nodes for r in rows] == [2]
+    assert problems == [f"{newer / 'epochs.jsonl'}:1: epoch record schema version 2, but this "
+                        "hpcai reads version 1 only (written by another hpcai version? read it "
+                        "with that one); skipped"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import base_env, run
+from conftest import base_env, blocked_env, run
 
 pytestmark = pytest.mark.mpi
 tf = pytest.importorskip("tensorflow", reason="tensorflow-cpu is not installed")
@@ -131,11 +131,7 @@ def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra
 
 def _blocking(tmp_path: Path, *modules: str) -> dict:
     """An environment in which ``modules`` cannot be imported (as if not installed)."""
-    shim = tmp_path / ("blocked-" + "-".join(modules))
-    shim.mkdir(exist_ok=True)
-    (shim / "sitecustomize.py").write_text(
-        "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules))
-    return base_env(PYTHONPATH=str(shim))
+    return blocked_env(tmp_path / ("blocked-" + "-".join(modules)), *modules)
 
 
 @pytest.mark.parametrize("case", ["no-tensorflow", "no-horovod-tf", "no-horovod-torch",

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import base_env, run
+from hpcai.training.record import EpochRecord
 
 pytestmark = pytest.mark.mpi
 TINY = ["resnet-tiny", "--image-size", "32", "--classes", "10", "--batch-size", "4",
@@ -38,7 +39,10 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     assert result.stdout.count("epoch ") >= 2 and "GFLOP/s" in result.stdout
     epochs = records(out)
     assert [r["epoch"] for r in epochs] == [0, 1]
+    for line in (out / "epochs.jsonl").read_text().splitlines():   # the typed record reads it
+        assert json.loads(EpochRecord.from_json(line).to_json()) == json.loads(line)
     for r in epochs:
+        assert len(r) == 28 and r["version"] == 1   # 27 keys and eval
         assert r["steps"] == 2 and r["samples_per_rank"] == 4
         assert r["epoch_time_s"] > 0 and r["samples_per_s"] > 0
         assert r["compute_s"] > 0 and r["comm_s"] >= 0 and r["data_s"] >= 0
@@ -222,16 +226,17 @@ def test_initial_weights_are_broadcast_and_proven_identical(tmp_path):
         "import torch\n"
         "from mpi4py import MPI\n"
         "from hpcai.models.gan3d import Generator\n"
-        "from hpcai.training.replicas import broadcast_state, verify, ReplicaDivergence\n"
+        "from hpcai.training.replicas import verify, ReplicaDivergence\n"
+        "from hpcai.training.torch_trainer import broadcast_state, module_arrays\n"
         "comm = MPI.COMM_WORLD\n"
         "G = Generator(rng=torch.Generator().manual_seed(100 + comm.rank))\n"
         "try:\n"
-        "    verify([G], comm, exact=True)\n"
+        "    verify(module_arrays([G]), comm, exact=True)\n"
         "    print('undetected', flush=True)\n"
         "except ReplicaDivergence:\n"
         "    print('different before broadcast', flush=True)\n"
         "broadcast_state([G], comm)\n"
-        "verify([G], comm, exact=True)\n"
+        "verify(module_arrays([G]), comm, exact=True)\n"
         "print('identical after broadcast', flush=True)\n")
     result = run(["hpcai-launch", "-N", "2", "--", "python", str(script)], base_env())
     assert result.returncode == 0, result.stderr

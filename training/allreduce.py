@@ -1,20 +1,21 @@
-"""Gradient averaging over MPI: fused buckets, overlapped with the backward pass.
+"""PyTorch gradient averaging over MPI: fused buckets, overlapped with the backward pass.
 
 Parameters are grouped, in reverse registration order (roughly the order in which backward
-produces their gradients), into buckets of at most ``bucket_bytes``. Each parameter's
-``.grad`` is a view into its bucket's flat buffer, so backward writes the bucket directly and
-averaging copies nothing (zero gradients in place, ``zero_grad(set_to_none=False)``, to
-keep it that way; a replaced gradient is copied in once and re-pointed). In overlap mode a
-post-accumulate-grad hook on every parameter counts arrivals; when a bucket is complete its
-gradients are copied into one flat buffer and a non-blocking ``MPI_Iallreduce`` starts
-while backward goes on. :meth:`synchronize` waits for all buckets, divides by the world size
-and copies the averages back into ``.grad``. Call it once after every backward (a second
-backward before it, i.e. gradient accumulation, is detected and redone blocking). Blocking mode (``overlap=False``) does the same
-with ``MPI_Allreduce`` after backward, after a barrier that measures how long the fastest
-rank waited for the slowest (load imbalance, reported apart from the transfer).
+produces their gradients), into buckets of at most ``bucket_mb`` (``sync.plan_buckets``).
+Each parameter's ``.grad`` is a view into its bucket's flat buffer, so backward writes the
+bucket directly and averaging copies nothing (zero gradients in place,
+``zero_grad(set_to_none=False)``, to keep it that way; a replaced gradient is copied in once
+and re-pointed). In overlap mode a post-accumulate-grad hook on every parameter counts
+arrivals; when a bucket is complete a non-blocking ``MPI_Iallreduce`` of its buffer starts
+while backward goes on. :meth:`synchronize` waits for all buckets and divides by the world
+size, in place. Call it once after every backward (a second backward before it, i.e.
+gradient accumulation, is detected and redone blocking). Blocking mode (``overlap=False``)
+does the same with ``MPI_Allreduce`` after backward, after a barrier that measures how long
+the fastest rank waited for the slowest (load imbalance, reported apart from the transfer).
 
 The transport is MPI (mpi4py: whatever libmpi it loaded, the host MPI when the launcher
-bound it in) or torch.distributed's gloo, so both are measured with the same bucketing.
+bound it in), torch.distributed's gloo or Horovod, so all are measured with the same
+bucketing.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-DEFAULT_BUCKET_MB = 4.0
+from .sync import DEFAULT_BUCKET_MB, SyncStats, check_horovod_world, plan_buckets
 
 
 class MpiTransport:
@@ -94,20 +95,6 @@ class _Bucket:
     request: object = None
 
 
-@dataclass
-class SyncStats:
-    """Seconds spent in synchronize (and, in blocking mode, of that the wait for the slowest
-    rank to arrive), bytes reduced, calls made."""
-
-    wait_s: float = 0.0
-    imbalance_s: float = 0.0
-    bytes: int = 0
-    allreduces: int = 0
-
-    def reset(self) -> None:
-        self.wait_s, self.imbalance_s, self.bytes, self.allreduces = 0.0, 0.0, 0, 0
-
-
 def _dense(p: torch.Tensor) -> bool:
     """Strides that cover exactly numel() elements (contiguous in some dimension order)."""
     expected = 1
@@ -140,28 +127,14 @@ class GradAllreducer:
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._handles = []
         if self.overlap:
-            for p in self._bucket_of_params():
-                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-
-    def _bucket_of_params(self):
-        for bucket in self.buckets:
-            yield from bucket.params
+            self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                             for bucket in self.buckets for p in bucket.params]
 
     @staticmethod
     def _make_buckets(params: list[torch.nn.Parameter], limit: int) -> list[_Bucket]:
-        buckets: list[_Bucket] = []
-        current: list[torch.nn.Parameter] = []
-        size = 0
-        for p in reversed(params):
-            nbytes = p.numel() * p.element_size()
-            if current and (size + nbytes > limit or p.dtype != current[0].dtype):
-                buckets.append(GradAllreducer._bucket(current))
-                current, size = [], 0
-            current.append(p)
-            size += nbytes
-        if current:
-            buckets.append(GradAllreducer._bucket(current))
-        return buckets
+        groups = plan_buckets([p.numel() * p.element_size() for p in params],
+                              [p.dtype for p in params], limit)
+        return [GradAllreducer._bucket([params[i] for i in group]) for group in groups]
 
     @staticmethod
     def _bucket(params: list[torch.nn.Parameter]) -> _Bucket:
@@ -176,10 +149,6 @@ class GradAllreducer:
                 view.copy_(p.grad)
             p.grad = view   # backward accumulates straight into the bucket
         return _Bucket(params=params, flat=flat, offsets=offsets, views=views)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.flat.numel() * b.flat.element_size() for b in self.buckets)
 
     # -- overlap mode ---------------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
@@ -289,17 +258,3 @@ class HorovodTransport:
 
     def poke(self, handles) -> None:
         pass
-
-
-def check_horovod_world(hvd, comm) -> None:
-    """Horovod must see the same world as mpi4py: a Horovod built against another MPI than
-    the one the launcher chose sees N singleton worlds (or fails) - say so, by name."""
-    from ..core.errors import UserError
-
-    if (hvd.size(), hvd.rank()) != (comm.Get_size(), comm.Get_rank()):
-        raise UserError(
-            f"Horovod sees rank {hvd.rank()} of {hvd.size()}, MPI sees rank "
-            f"{comm.Get_rank()} of {comm.Get_size()}: Horovod is linked against a different "
-            "MPI than the one this job runs on",
-            "launch with the MPI Horovod was built with (scripts/build-horovod.sh uses the "
-            "mpicxx on PATH), or use --comm mpi")

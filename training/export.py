@@ -19,18 +19,18 @@ from pathlib import Path
 from ..core.cli import Parser
 from ..core.errors import UserError
 
+from . import checkpoint
+
 ATOL, RTOL = 1e-4, 1e-4
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
 
 
 def load_checkpoint(path: Path) -> dict:
-    import torch
-
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist",
                         "give a file from OUT/checkpoints/ of a training run")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = checkpoint.read(path)
     except Exception as exc:  # noqa: BLE001 - anything unreadable is the user's file
         raise UserError(f"{path} is not a PyTorch checkpoint ({type(exc).__name__}: {exc})",
                         "export-onnx reads checkpoints written by `train` (PyTorch); "

@@ -27,11 +27,10 @@ class Preemption:
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        self._previous = {}
 
     def install(self) -> "Preemption":
         for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handler)
+            signal.signal(sig, self._handler)
         return self
 
     def _handler(self, signum, _frame) -> None:
@@ -42,10 +41,6 @@ class Preemption:
         from mpi4py import MPI
 
         return bool(comm.allreduce(1 if self.signal is not None else 0, op=MPI.MAX))
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 @contextmanager

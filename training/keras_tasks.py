@@ -9,7 +9,9 @@ statistics, and D's BatchNorm moving averages are restored after the generator s
 Gradients are computed in ``tf.function``; between computing and applying them the engine's
 ``average(key, grads)`` callback averages them across ranks (mpi4py buckets or Horovod).
 E', z and the bit flips come from a NumPy generator seeded per rank and step, so a resumed
-run draws the same inputs; dropout masks come from Keras' seeded generator.
+run draws the same inputs; dropout masks come from Keras' seeded generator. The 3DGAN's
+constants and f(E') are ``models/gan3d_spec``'s, shared with the PyTorch model without
+importing it.
 
 FLOPs are counted analytically per layer (Conv and Dense multiply-adds from the built
 layers' shapes), with the PyTorch convention: 1 multiply-add = 2 FLOP, backward = weight
@@ -23,13 +25,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.gan3d import E_MAX, E_MIN, EPS, LOSS_WEIGHTS, sampling_fraction
-from ..models.gan3d_keras import LATENT
+from ..models.gan3d_spec import (E_MAX, E_MIN, EPS, FLIP_PROB, LATENT, sampling_fraction,
+                                 weighted_loss)
 
 FLOP_CONVENTION_TF = (
     "1 multiply-add = 2 FLOP, counted analytically per Conv/Dense layer of the Keras model; "
     "training FLOPs = forward + backward (weight gradients of the layers being trained, "
     "input gradients where they are needed) of one full iteration")
+
 
 def make_keras_optimizer(name: str, lr: float):
     import keras
@@ -52,11 +55,6 @@ def _mape(y, yhat):
     import tensorflow as tf
 
     return 100.0 * tf.reduce_mean(tf.abs(y - yhat) / tf.maximum(tf.abs(y), EPS))
-
-
-def weighted_loss(parts):
-    """w0 BCE + w1 MAPE(aux) + w2 MAPE(ecal), the loss weights of docs/3dgan.md."""
-    return sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
 
 
 def moving_statistics(model) -> list:
@@ -174,8 +172,8 @@ class KerasGanTask:
         return e, e * z
 
     @staticmethod
-    def _flip(rng: np.random.Generator, labels: np.ndarray, prob: float = 0.05) -> np.ndarray:
-        flip = rng.random(labels.shape) < prob
+    def _flip(rng: np.random.Generator, labels: np.ndarray) -> np.ndarray:
+        flip = rng.random(labels.shape) < FLIP_PROB
         return np.where(flip, 1 - labels, labels).astype(np.float32)
 
     def train_step(self, x, e, rng: np.random.Generator,

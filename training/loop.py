@@ -3,15 +3,17 @@
 Order of events on every rank:
 1. checks that need no MPI (output directory, data layout, comm backend) - a user error
    stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
-2. MPI init (mpi4py: the libmpi the launcher chose), torch threads from the placement plan;
-3. the trainer (``trainer.py``): rank 0's weights broadcast and proven bit-identical on all
-   ranks (CRC32), then the epochs; any exception on any rank aborts the job (MPI_Abort).
+2. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
+   placement plan;
+3. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
+   TensorFlow path never imports torch): rank 0's weights broadcast and proven
+   bit-identical on all ranks (CRC32), then the epochs; any exception on any rank aborts the
+   job (MPI_Abort).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from ..core.cli import say_error
 from ..core.errors import UserError
@@ -43,7 +45,7 @@ def preflight(cfg: TrainConfig):
     check_comm(cfg.comm, cfg.framework)
     if cfg.model != "3dgan":
         return None
-    from .gan_data import find_files, validate
+    from .shower_data import find_files, validate
 
     if cfg.data:
         return validate(find_files(cfg.data))
@@ -61,7 +63,7 @@ def run(cfg: TrainConfig) -> int:
 
         _set_tf_threads()
     else:
-        from .trainer import Trainer
+        from .torch_trainer import TorchTrainer as Trainer
 
         _set_threads()
     from mpi4py import MPI
@@ -104,5 +106,3 @@ def _set_tf_threads() -> tuple[int, int]:
     except RuntimeError:
         pass  # TensorFlow already initialised its runtime (a second trainer in one process)
     return intra, inter
-
-

@@ -1,83 +1,55 @@
-"""Keep model replicas identical: broadcast from rank 0, then prove it.
+"""Prove that model replicas are identical on all ranks (NumPy arrays; no framework).
 
-- :func:`broadcast_state` sends every parameter and buffer of rank 0 to all ranks.
-- :func:`exact_fingerprint` is a CRC32 over the bytes of all parameters and buffers: after a
-  broadcast every rank must have the very same bits.
-- :func:`verify` compares fingerprints across ranks (one small allgather) and raises
-  :class:`ReplicaDivergence` naming the ranks that differ. Cheap enough to run every K steps;
-  with ``exact=False`` it compares per-tensor float64 sums with a relative tolerance, which
-  survives MPIs whose allreduce rounds differently on different ranks but still catches a
-  backend that silently stopped averaging (those diverge by orders of magnitude more).
+The trainers hand over their state as NumPy arrays (views of the tensors where possible).
+:func:`verify` compares one fingerprint per rank (one small allgather) and raises
+:class:`ReplicaDivergence` naming the ranks that differ:
+
+- ``exact=True``: a CRC32 over the bytes of every array; right after a broadcast every rank
+  must hold the very same bits;
+- ``exact=False``: per-array float64 sums within a relative tolerance, cheap enough to run
+  every K steps. It survives MPIs whose allreduce rounds differently on different ranks but
+  still catches a backend that silently stopped averaging (those diverge by orders of
+  magnitude more).
 """
 
 from __future__ import annotations
 
 import zlib
+from typing import Sequence
 
 import numpy as np
-import torch
 
 
 class ReplicaDivergence(RuntimeError):
     """Ranks hold different model weights: gradients were not (or wrongly) averaged."""
 
 
-def _tensors(modules, buffers: bool = True) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for module in modules:
-        out.extend(p.data for p in module.parameters())
-        if buffers:
-            out.extend(b for b in module.buffers())
-    return out
-
-
-def broadcast_state(modules, comm, root: int = 0) -> None:
-    """Overwrite every rank's parameters and buffers with rank ``root``'s, in place."""
-    for t in _tensors(modules):
-        array = t.detach().numpy() if t.is_contiguous() else t.detach().contiguous().numpy()
-        comm.Bcast(array, root=root)
-        if not t.is_contiguous():
-            t.copy_(torch.from_numpy(array))
-
-
-def exact_fingerprint(modules) -> int:
+def exact_fingerprint(arrays: Sequence[np.ndarray]) -> int:
     crc = 0
-    for t in _tensors(modules):
-        crc = zlib.crc32(t.detach().contiguous().numpy().tobytes(), crc)
+    for a in arrays:
+        crc = zlib.crc32(np.ascontiguousarray(a).tobytes(), crc)
     return crc
 
 
-def sum_fingerprint(modules, buffers: bool = False) -> np.ndarray:
-    return np.array([float(t.detach().double().sum()) for t in _tensors(modules, buffers)])
+def sum_fingerprint(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.array([float(np.sum(a, dtype=np.float64)) for a in arrays])
 
 
-def verify(modules, comm, *, exact: bool, rtol: float = 1e-5, what: str = "weights",
-           buffers: bool = False) -> None:
-    """Raise ReplicaDivergence unless all ranks hold the same state.
-
-    The exact check covers parameters and buffers (right after a broadcast all must match);
-    the tolerant one covers parameters, and buffers only when asked: BatchNorm running
-    statistics are per rank by design unless they are averaged.
-    """
+def verify(arrays: Sequence[np.ndarray], comm, *, exact: bool, rtol: float = 1e-5,
+           what: str = "weights") -> None:
+    """Raise ReplicaDivergence unless every rank's ``arrays`` match rank 0's: bit for bit
+    (``exact``), or per-array sums within ``rtol``. Collective; nothing to do on one rank."""
     if comm.Get_size() == 1:
         return
-    mine = exact_fingerprint(modules) if exact else sum_fingerprint(modules, buffers)
-    compare_fingerprints(comm, mine, exact=exact, rtol=rtol, what=what)
-
-
-def compare_fingerprints(comm, mine, *, exact: bool, rtol: float = 1e-5,
-                         what: str = "weights") -> None:
-    """Raise ReplicaDivergence unless every rank's fingerprint matches rank 0's: a CRC
-    exactly (``exact``), or per-tensor sums within ``rtol`` (framework independent)."""
     if exact:
-        prints = comm.allgather(mine)
+        prints = comm.allgather(exact_fingerprint(arrays))
         differ = [r for r, f in enumerate(prints) if f != prints[0]]
         if differ:
             raise ReplicaDivergence(
                 f"{what} differ between ranks after broadcast: ranks {differ} do not match "
                 f"rank 0 (CRC32 {prints})")
         return
-    allprints = comm.allgather(np.asarray(mine))
+    allprints = comm.allgather(sum_fingerprint(arrays))
     ref = allprints[0]
     scale = np.maximum(np.abs(ref), 1e-3)
     differ = [r for r, f in enumerate(allprints)

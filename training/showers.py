@@ -1,7 +1,7 @@
 """Synthetic 3DGAN calorimeter showers, written in exactly the layout of the real files.
 
 The real CERN files (``EleEscan_1_1.h5`` ..., 10,000 events each) cannot be downloaded here,
-so this module writes stand-ins that the data pipeline (``hpcai.training.gan_data``) reads
+so this module writes stand-ins that the data pipeline (``hpcai.training.shower_data``) reads
 unchanged:
 
 - ``ECAL``   float32 (N, 25, 25, 25): cell energies in GeV; the last axis is depth (layers).
@@ -58,9 +58,7 @@ CLI::
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -68,30 +66,25 @@ import numpy as np
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
+from ..models import gan3d_spec
+from ..models.gan3d_spec import ENERGY_SCALE_GEV, GRID
 
-GRID = 25                 # cells per axis of ECAL
 HCAL_SHAPE = (5, 5, 60)   # present in the real files, unused by 3DGAN
 PARTICLE_ID = 11          # electron
 BLOCK = 100               # events per RNG block (fixed: part of the determinism contract)
 QUANTA_PER_GEV = 1500.0   # Poisson quanta per GeV of deposited energy
 
 
-def sampling_fraction(ep: np.ndarray | float) -> np.ndarray:
-    """f(E') of docs/3dgan.md: the expected raw ECAL sum in GeV for E' = E / 100 GeV."""
-    ep = np.asarray(ep, dtype=np.float64)
-    return ep * (0.0018 * ep**4 - 0.023 * ep**3 + 0.11 * ep**2 - 0.28 * ep + 2.21)
-
-
 def deposit_scale(ep: np.ndarray | float) -> np.ndarray:
     """Expected sum of the stored ECAL cells (GeV) for E'; equals f(E') (see module doc)."""
-    return sampling_fraction(ep)
+    return gan3d_spec.sampling_fraction(np.asarray(ep, dtype=np.float64))
 
 
 def _showers(rng: np.random.Generator, n: int, e_min: float, e_max: float
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n events: (ECAL float32 (n,25,25,25), target float32 (n,2), HCAL float32 (n,5,5,60))."""
     energy = rng.uniform(e_min, e_max, size=n)                       # GeV
-    ep = energy / 100.0
+    ep = energy / ENERGY_SCALE_GEV
     resolution = np.sqrt((0.10 / np.sqrt(energy)) ** 2 + 0.01**2)
     total = deposit_scale(ep) * (1.0 + resolution * rng.standard_normal(n))
     total = np.maximum(total, 0.05 * deposit_scale(ep))

@@ -1,7 +1,9 @@
-"""The models as training tasks: modules, optimisers, one training step, FLOPs per sample.
+"""The PyTorch models as training tasks: modules, optimisers, one training step, FLOPs per
+sample (counted by ``torch.utils.flop_counter``).
 
 A task owns no communication: ``train_step`` takes an ``after_backward(module)`` callback that
-the engine uses to average gradients before each optimiser step.
+the engine uses to average gradients before each optimiser step. Batches arrive as NumPy
+arrays and are wrapped as tensors without a copy.
 """
 
 from __future__ import annotations
@@ -10,13 +12,26 @@ import contextlib
 import copy
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..models import gan3d, resnet
 
 from .config import TrainConfig
-from .metrics import FLOP_CONVENTION, count_flops
+
+FLOP_CONVENTION = ("1 multiply-add = 2 FLOP (torch.utils.flop_counter.FlopCounterMode); "
+                   "training FLOPs = forward + backward of one full iteration as counted")
+
+
+def count_flops(fn) -> int:
+    """FLOPs of running ``fn()`` once, as FlopCounterMode counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return int(counter.get_total_flops())
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -73,15 +88,16 @@ class GanTask:
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"generator": self.opt_g, "discriminator": self.opt_d}
 
-    def train_step(self, x: torch.Tensor, e: torch.Tensor, rng: torch.Generator,
+    def train_step(self, x: np.ndarray, e: np.ndarray, rng: torch.Generator,
                    after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
+        x, e = torch.from_numpy(x), torch.from_numpy(e)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
                                    after_backward)
 
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, e: torch.Tensor) -> dict[str, float]:
+    def evaluate(self, x: np.ndarray, e: np.ndarray) -> dict[str, float]:
         """Physics check on the given events (no dropout, BatchNorm on batch statistics as in
         training, nothing updated: the moving averages, momentum 0.01, lag far behind early on).
 
@@ -89,6 +105,7 @@ class GanTask:
         ``gen_sum_over_f``: mean Σ(G) / f(E') of generated showers (1 is right);
         ``real_sum_over_f``: the same for the real events, for reference.
         """
+        x, e = torch.from_numpy(x), torch.from_numpy(e)
         with _batch_statistics(self.G), _batch_statistics(self.D):
             _, aux, _ = self.D(x)
             ev = e.view(-1, 1)
@@ -141,8 +158,9 @@ class ResNetTask:
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator,
+    def train_step(self, x: np.ndarray, y: np.ndarray, rng: torch.Generator,
                    after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
         self.net.train()
         self.opt.zero_grad(set_to_none=False)
         logits = self.net(self._prepare(x))
@@ -155,7 +173,8 @@ class ResNetTask:
         return {"loss": float(loss.detach()), "accuracy": accuracy}
 
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
         was = self.net.training
         self.net.eval()
         try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .allreduce import DEFAULT_BUCKET_MB, SyncStats
+from .sync import DEFAULT_BUCKET_MB, SyncStats, check_horovod_world, plan_buckets
 
 
 def _numel(shape) -> int:
@@ -55,28 +55,17 @@ class TfGradAllreducer:
 
     @staticmethod
     def _make_buckets(variables, limit: int) -> list[_TfBucket]:
-        groups: list[list[int]] = []
-        size, dtype = 0, None
-        for i in reversed(range(len(variables))):
-            d = _numpy_dtype(variables[i])
-            nbytes = _numel(variables[i].shape) * d.itemsize
-            if not groups or size + nbytes > limit or d != dtype:
-                groups.append([])
-                size, dtype = 0, d
-            groups[-1].append(i)
-            size += nbytes
+        dtypes = [_numpy_dtype(v) for v in variables]
+        groups = plan_buckets([_numel(v.shape) * d.itemsize for v, d in zip(variables, dtypes)],
+                              dtypes, limit)
         buckets = []
         for idx in groups:
             shapes = [tuple(int(s) for s in variables[i].shape) for i in idx]
             sizes = [_numel(s) for s in shapes]
             offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
-            flat = np.zeros(sum(sizes), dtype=_numpy_dtype(variables[idx[0]]))
+            flat = np.zeros(sum(sizes), dtype=dtypes[idx[0]])
             buckets.append(_TfBucket(idx, shapes, sizes, offsets, flat))
         return buckets
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.flat.nbytes for b in self.buckets)
 
     def _pack(self, bucket: _TfBucket, grads) -> None:
         for i, off, n in zip(bucket.indices, bucket.offsets, bucket.sizes):
@@ -126,8 +115,6 @@ class HorovodTfAverager:
 
     def __init__(self, variables, comm=None, *, overlap: bool = True) -> None:
         import horovod.tensorflow as hvd
-
-        from .allreduce import check_horovod_world
 
         if not hvd.is_initialized():
             hvd.init()

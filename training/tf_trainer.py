@@ -1,35 +1,35 @@
-"""The trainer for ``--framework tensorflow``: the PyTorch trainer's loop with Keras tasks.
+"""The trainer's TensorFlow hooks, for ``--framework tensorflow``: Keras tasks, no torch.
 
-Only the framework hooks differ (see ``Trainer``): the task (``keras_tasks``), the initial
-broadcast and the replica checks (over every Keras variable), the gradient averaging
+Only the framework hooks differ (see ``trainer.Trainer``): the task (``keras_tasks``), the
+initial broadcast and the replica checks (over every Keras variable), the gradient averaging
 (``tf_allreduce``: hpcai's buckets over mpi4py, or ``horovod.tensorflow``), learning-rate
-setting, checkpoint contents (NumPy arrays of every model and optimiser variable), the
-per-step randomness and the GEMM probe for the peak. Epochs, sharding, records, checkpoints,
-preemption and fault handling are the same code as for PyTorch.
+setting, checkpoint contents (NumPy arrays of every model and optimiser variable, pickled),
+the per-step randomness and the GEMM probe for the peak. Epochs, sharding, records,
+checkpoints, preemption and fault handling are the same code as for PyTorch.
 """
 
 from __future__ import annotations
 
 import os
-import time
-import zlib
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from mpi4py import MPI
 
+from . import checkpoint
 from .keras_tasks import is_rng_state, make_keras_task, moving_statistics
 from .metrics import best_gemm_gflops
-from .replicas import compare_fingerprints
 from .trainer import Trainer
 
 
-def tf_gemm_peak_gflops(size: int = 2048, repeats: int = 8) -> float:
-    """Best-of-N fp32 GEMM rate of ``tf.linalg.matmul`` with this process's TF threads."""
+def tf_gemm_peak_gflops() -> float:
+    """Best-of-8 fp32 2048^3 ``tf.linalg.matmul`` rate with this process's TF threads."""
     import tensorflow as tf
 
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
-    return best_gemm_gflops(lambda: tf.linalg.matmul(a, b).numpy(), size, repeats)
+    a = tf.random.normal((2048, 2048))
+    b = tf.random.normal((2048, 2048))
+    return best_gemm_gflops(lambda: tf.linalg.matmul(a, b).numpy())
 
 
 def _state_of(model) -> list:
@@ -39,7 +39,6 @@ def _state_of(model) -> list:
 class TfTrainer(Trainer):
     framework = "tensorflow"
 
-    # -- framework hooks -----------------------------------------------------------------
     def _threads(self) -> int:
         import tensorflow as tf
 
@@ -62,21 +61,10 @@ class TfTrainer(Trainer):
             self.comm.Bcast(array, root=0)
             v.assign(array)
 
-    def _verify(self, exact: bool, what: str, buffers: bool = False) -> float:
-        start = time.perf_counter()
-        if self.world > 1:
-            if exact:
-                crc = 0
-                for v in self._variables():
-                    crc = zlib.crc32(np.ascontiguousarray(v.numpy()).tobytes(), crc)
-                mine = crc
-            else:
-                mine = np.array([float(np.sum(v.numpy(), dtype=np.float64))
-                                 for v in self._variables(trainable_only=not buffers)])
-            compare_fingerprints(self.comm, mine, exact=exact, what=what)
-        return time.perf_counter() - start
+    def _state_arrays(self, everything: bool) -> list[np.ndarray]:
+        return [v.numpy() for v in self._variables(trainable_only=not everything)]
 
-    def _comm(self):
+    def _make_reducers(self) -> dict:
         from .tf_allreduce import HorovodTfAverager, TfGradAllreducer
 
         cfg = self.cfg
@@ -88,7 +76,7 @@ class TfTrainer(Trainer):
             else:
                 reducers[key] = TfGradAllreducer(model.trainable_variables, self.comm,
                                                  bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
-        return cfg.comm, reducers
+        return reducers
 
     def _after_backward(self, key: str, grads: list) -> list:
         return self.reducers[key].average(grads)
@@ -114,18 +102,23 @@ class TfTrainer(Trainer):
             for v, array in zip(variables, saved):
                 v.assign(array)
 
-    def _step_rng(self, seed: int):
+    def _write_checkpoint(self, state: dict, handle: BinaryIO) -> None:
+        checkpoint.write_pickle(state, handle)
+
+    def _read_checkpoint(self, path: Path) -> dict:
+        return checkpoint.read_without_torch(path)
+
+    def _step_rng(self, seed: int) -> np.random.Generator:
         return np.random.default_rng(seed)
 
     def _gemm_probe(self) -> tuple[float, str]:
         return tf_gemm_peak_gflops(), "fp32 GEMM 2048^3 (tf.linalg.matmul)"
 
-    def _versions(self) -> dict:
+    def _framework_version(self) -> str:
         import keras
         import tensorflow as tf
 
-        return {"framework": self.framework,
-                "framework_version": f"tensorflow {tf.__version__}, keras {keras.__version__}"}
+        return f"tensorflow {tf.__version__}, keras {keras.__version__}"
 
     def _average_bn(self) -> None:
         for model in self.task.models.values():

@@ -1,42 +1,47 @@
-"""The trainer: one object per rank that runs the epochs (imported once MPI may start).
+"""The training loop, one object per rank, for every framework (imported once MPI may start).
 
-Per step: this rank's shard of a seed-shuffled epoch order, the model's step with gradients
-averaged by the fused, overlapped allreduce, a cheap replica check every K steps, a
-collective look at the preemption flag. Per epoch: BatchNorm statistics handled as asked,
-replicas verified, one JSON record (time split, samples/s, FLOP rate, % of peak,
-provenance) and an atomic checkpoint.
+Per step: this rank's shard of a seed-shuffled epoch order, the task's step with gradients
+averaged across ranks, a cheap replica check every K steps, a collective look at the
+preemption flag. Per epoch: BatchNorm statistics handled as asked, replicas verified, one
+:class:`~.record.EpochRecord` (time split, samples/s, FLOP rate, % of peak, provenance) and
+an atomic checkpoint.
+
+This module imports no framework: what differs between PyTorch (``torch_trainer``) and
+TensorFlow (``tf_trainer``) are the hooks below, which their subclasses implement.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 import zlib
+from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import BinaryIO
 
-import torch
+import numpy as np
 from mpi4py import MPI
 
 from ..core.errors import UserError
 
 from . import checkpoint
-from .allreduce import GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport
+from .batches import BatchStream, EpochSharder
 from .config import TrainConfig
 from .faults import EXIT_PREEMPTED, Preemption
-from .gan_data import BatchStream, EpochSharder, ShowerReader, SyntheticImages, find_files, validate
-from .metrics import gemm_peak_gflops, provenance
-from .replicas import broadcast_state, verify
+from .metrics import provenance
+from .record import AllreduceTotals, EpochRecord, Peak, Provenance
+from .replicas import verify
+from .shower_data import ShowerReader, find_files, validate
 from .showers import generate
-from .tasks import make_task
+from .synthetic_images import SyntheticImages
 
-RECORD_VERSION = 1
+STATE_VERSION = 1   # of the checkpoint's contents
 
 
 def _max_rss_mb() -> float:
     """This process's peak resident set size so far (MiB)."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -45,7 +50,9 @@ def step_seed(seed: int, rank: int, epoch: int, step: int) -> int:
     return zlib.crc32(f"{seed}:{rank}:{epoch}:{step}".encode())
 
 
-class Trainer:
+class Trainer(ABC):
+    framework: str   # "pytorch" or "tensorflow": records, checkpoints, messages
+
     def __init__(self, cfg: TrainConfig, comm, index) -> None:
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
@@ -54,7 +61,7 @@ class Trainer:
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
-        self.transport, self.reducers = self._comm()
+        self.reducers = self._make_reducers()
         self.preemption = Preemption().install()
         self.global_step = 0
         self.start_epoch, self.start_step = 0, 0
@@ -65,42 +72,68 @@ class Trainer:
                 f"{len(self.data)} samples are too few for one step of {cfg.batch_size} x "
                 f"{self.world} ranks", "generate more data or lower --batch-size")
 
-    # -- framework hooks (PyTorch here; tf_trainer.TfTrainer overrides them) ---------------
-    framework = "pytorch"
-
+    # -- framework hooks ------------------------------------------------------------------
+    @abstractmethod
     def _threads(self) -> int:
-        return torch.get_num_threads()
+        """Intra-op threads of this rank."""
 
+    @abstractmethod
     def _make_task(self):
-        return make_task(self.cfg, self.target_lr)
+        """The model as a task: ``train_step(x, y, rng, after_backward)``, ``evaluate(x, y)``
+        (NumPy batches), ``flops_per_sample()``, ``flop_convention``, ``loss_keys``."""
 
+    @abstractmethod
+    def _make_reducers(self) -> dict:
+        """The gradient averagers (each with ``stats``: :class:`~.sync.SyncStats`)."""
+
+    @abstractmethod
+    def _after_backward(self, *args):
+        """The task's callback between computing gradients and applying them."""
+
+    @abstractmethod
     def _broadcast(self) -> None:
-        broadcast_state(list(self.task.modules.values()), self.comm)
+        """Overwrite every rank's model state with rank 0's."""
 
+    @abstractmethod
+    def _state_arrays(self, everything: bool) -> list[np.ndarray]:
+        """The model state as NumPy arrays: the trainable weights, and with ``everything``
+        the BatchNorm statistics too."""
+
+    @abstractmethod
+    def _average_bn(self) -> None:
+        """Replace BatchNorm statistics by their mean over ranks."""
+
+    @abstractmethod
     def _apply_lr(self, lr: float) -> None:
-        for opt in self.task.optimizers.values():
-            for group in opt.param_groups:
-                group["lr"] = lr
+        ...
 
+    @abstractmethod
     def _task_state(self) -> dict:
-        return {"modules": {k: m.state_dict() for k, m in self.task.modules.items()},
-                "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()}}
+        """{"modules": ..., "optimizers": ...} for the checkpoint."""
 
+    @abstractmethod
     def _load_task_state(self, state: dict) -> None:
-        for key, module in self.task.modules.items():
-            module.load_state_dict(state["modules"][key])
-        for key, opt in self.task.optimizers.items():
-            opt.load_state_dict(state["optimizers"][key])
+        ...
 
+    @abstractmethod
+    def _write_checkpoint(self, state: dict, handle: BinaryIO) -> None:
+        ...
+
+    @abstractmethod
+    def _read_checkpoint(self, path: Path) -> dict:
+        ...
+
+    @abstractmethod
     def _step_rng(self, seed: int):
-        torch.manual_seed(seed)   # dropout draws from the global generator
-        return torch.Generator().manual_seed(seed)
+        """The generator the task draws a step's randomness from."""
 
+    @abstractmethod
     def _gemm_probe(self) -> tuple[float, str]:
-        return gemm_peak_gflops(), "fp32 GEMM 2048^3 (torch.mm)"
+        """(GFLOP/s of this rank's best fp32 GEMM, what was measured)."""
 
-    def _versions(self) -> dict:
-        return {"framework": self.framework, "framework_version": torch.__version__}
+    @abstractmethod
+    def _framework_version(self) -> str:
+        ...
 
     # -- set-up ---------------------------------------------------------------------------
     def _data(self, index):
@@ -125,36 +158,19 @@ class Trainer:
         self.comm.Barrier()
         return validate(find_files(target))
 
-    def _comm(self):
-        cfg = self.cfg
-        if cfg.comm == "gloo":
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("gloo", init_method="env://", rank=self.rank,
-                                        world_size=self.world)
-            transport = TorchDistTransport("gloo")
-        elif cfg.comm == "horovod":
-            transport = HorovodTransport(self.comm)
-        else:
-            transport = MpiTransport(self.comm)
-        reducers = {id(m): GradAllreducer(m, transport, bucket_mb=cfg.bucket_mb,
-                                          overlap=cfg.overlap)
-                    for m in self.task.modules.values()}
-        return transport, reducers
-
-    def _after_backward(self, module) -> None:
-        self.reducers[id(module)].synchronize()
-
     @property
     def comm_wait_s(self) -> float:
         return sum(r.stats.wait_s for r in self.reducers.values())
 
     # -- replicas, lr, checkpoints --------------------------------------------------------
     def _verify(self, exact: bool, what: str, buffers: bool = False) -> float:
+        """Prove the replicas agree (see ``replicas.verify``): everything bit for bit when
+        ``exact``, else the weights (and BatchNorm statistics with ``buffers``) within a
+        tolerance. Returns the seconds it took."""
         start = time.perf_counter()
-        verify(list(self.task.modules.values()), self.comm, exact=exact, what=what,
-               buffers=buffers)
+        if self.world > 1:
+            verify(self._state_arrays(everything=exact or buffers), self.comm, exact=exact,
+                   what=what)
         return time.perf_counter() - start
 
     def _set_lr(self, epoch: int, step: int) -> float:
@@ -169,7 +185,7 @@ class Trainer:
 
     def _state(self, epoch: int, step: int) -> dict:
         return {
-            "version": RECORD_VERSION,
+            "version": STATE_VERSION,
             "model": self.cfg.model, "framework": self.framework,
             "epoch": epoch, "step": step, "global_step": self.global_step,
             "world_size": self.world, "batch_size": self.cfg.batch_size,
@@ -181,12 +197,12 @@ class Trainer:
         path = None
         if self.rank == 0:
             path = checkpoint.save(self.cfg.checkpoint_dir, self._state(epoch, step), epoch,
-                                   step, keep=self.cfg.keep)
+                                   step, write=self._write_checkpoint, keep=self.cfg.keep)
         self.comm.Barrier()
         return path
 
     def _resume(self) -> None:
-        found = checkpoint.load_latest(self.cfg.checkpoint_dir)
+        found = checkpoint.load_latest(self.cfg.checkpoint_dir, self._read_checkpoint)
         if found is None:
             if self.rank == 0:
                 print(f"hpcai-train: no checkpoint in {self.cfg.checkpoint_dir}; "
@@ -216,15 +232,15 @@ class Trainer:
                   f"{self.start_step}", flush=True)
 
     # -- measurement ----------------------------------------------------------------------
-    def _peak(self) -> dict:
+    def _peak(self) -> Peak:
         if self.cfg.peak_gflops > 0:
-            return {"gflops_per_rank": self.cfg.peak_gflops, "source": "--peak-gflops"}
+            return Peak(gflops_per_rank=self.cfg.peak_gflops, source="--peak-gflops")
         self.comm.Barrier()   # all ranks probe at once: the same contention as training
         mine, probe = self._gemm_probe()
         best = self.comm.allreduce(mine, op=MPI.MAX)
-        return {"gflops_per_rank": round(best, 2),
-                "source": f"measured: {probe}, best of 8, {self.threads} thread(s) "
-                          "per rank, all ranks at once, maximum over ranks"}
+        return Peak(gflops_per_rank=round(best, 2),
+                    source=f"measured: {probe}, best of 8, {self.threads} thread(s) per rank, "
+                           "all ranks at once, maximum over ranks")
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> int:
@@ -237,29 +253,29 @@ class Trainer:
         flops = self.task.flops_per_sample()
         peak = self._peak()
         prov = provenance(comm, comm_backend=cfg.comm, threads=self.threads,
-                          **self._versions())
-        out = cfg.out_dir
+                          framework=self.framework,
+                          framework_version=self._framework_version())
         if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
+            cfg.out_dir.mkdir(parents=True, exist_ok=True)
             print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x "
                   f"{self.threads} thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
                   f"({cfg.lr_scaling} scaling of {cfg.lr:g}), {self.steps} steps/epoch, "
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
-                  f"{prov['mpi_library_version'][:40]}", flush=True)
+                  f"{prov.mpi_library_version[:40]}", flush=True)
         for epoch in range(self.start_epoch, cfg.epochs):
             first_step = self.start_step if epoch == self.start_epoch else 0
-            record, preempted = self._epoch(epoch, first_step, flops, peak, prov,
-                                            self.task.flop_convention)
-            if preempted:
+            if self._epoch(epoch, first_step, flops, peak, prov):
                 if self.rank == 0:
                     name = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
-                    print(f"hpcai-train: preempted by signal {self.preemption.signal or 'on another rank'}: "
-                          f"checkpoint {name}; rerun with --resume to continue", flush=True)
+                    by = self.preemption.signal or "on another rank"
+                    print(f"hpcai-train: preempted by signal {by}: checkpoint {name}; rerun "
+                          "with --resume to continue", flush=True)
                 return EXIT_PREEMPTED
         return 0
 
-    def _epoch(self, epoch: int, first_step: int, flops: float, peak: dict, prov: dict,
-               convention: str) -> tuple[dict | None, bool]:
+    def _epoch(self, epoch: int, first_step: int, flops: float, peak: Peak,
+               prov: Provenance) -> bool:
+        """Train one epoch from ``first_step``; True if it was preempted (checkpointed)."""
         cfg, comm = self.cfg, self.comm
         for r in self.reducers.values():
             r.stats.reset()
@@ -302,7 +318,7 @@ class Trainer:
             stream.close()
         self._flush_steps(step_log)
         if preempted:
-            return None, True
+            return True
         if cfg.bn == "average":
             self._average_bn()
         verify_s += self._verify(exact=False, what="weights at epoch end",
@@ -316,54 +332,55 @@ class Trainer:
         loss_means = {k: mean(v / max(steps_done, 1)) for k, v in sorted(sums.items())}
         samples_rank = steps_done * cfg.batch_size
         gflops_rank = flops * samples_rank / wall_max / 1e9 if wall_max > 0 else 0.0
-        record = {
-            "record": "epoch", "version": RECORD_VERSION, "model": cfg.model,
-            "framework": self.framework, "epoch": epoch,
-            "steps": steps_done, "first_step": first_step,
-            "epoch_time_s": round(wall_max, 4),
-            "compute_s": round(mean(wall - comm_s - data_s), 4),
-            "comm_s": round(mean(comm_s), 4),
-            "grad_sync_s": round(mean(grad_sync_s), 4),
-            "grad_sync_imbalance_s": round(mean(sum(
-                r.stats.imbalance_s for r in self.reducers.values())), 4),
-            "data_s": round(mean(data_s), 4),
-            "samples_per_rank": samples_rank,
-            "samples_per_s_per_rank": round(samples_rank / wall_max, 3),
-            "samples_per_s": round(samples_rank * self.world / wall_max, 3),
-            "flops_per_sample": flops,
-            "flop_convention": convention + (" (3DGAN: D real + D fake + 2 x G per real sample)"
-                                             if cfg.model == "3dgan" else ""),
-            "gflops_per_rank": round(gflops_rank, 3),
-            "gflops_total": round(gflops_rank * self.world, 3),
-            "peak": peak,
-            "pct_of_peak": round(100 * gflops_rank / peak["gflops_per_rank"], 2),
-            "lr": lr, "losses": loss_means,
-            "allreduce": {"bytes_per_rank": sum(r.stats.bytes for r in self.reducers.values()),
-                          "calls": sum(r.stats.allreduces for r in self.reducers.values()),
-                          "overlap": cfg.overlap, "bucket_mb": cfg.bucket_mb},
-            "max_rss_mb_per_rank": round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1),
-            "provenance": prov,
-        }
-        if self.rank == 0 and cfg.eval_samples > 0:
-            record["eval"] = self._evaluate()
+        stats = [r.stats for r in self.reducers.values()]
+        record = EpochRecord(
+            model=cfg.model, framework=self.framework, epoch=epoch,
+            steps=steps_done, first_step=first_step,
+            epoch_time_s=round(wall_max, 4),
+            compute_s=round(mean(wall - comm_s - data_s), 4),
+            comm_s=round(mean(comm_s), 4),
+            grad_sync_s=round(mean(grad_sync_s), 4),
+            grad_sync_imbalance_s=round(mean(sum(s.imbalance_s for s in stats)), 4),
+            data_s=round(mean(data_s), 4),
+            samples_per_rank=samples_rank,
+            samples_per_s_per_rank=round(samples_rank / wall_max, 3),
+            samples_per_s=round(samples_rank * self.world / wall_max, 3),
+            flops_per_sample=flops,
+            flop_convention=self.task.flop_convention + (
+                " (3DGAN: D real + D fake + 2 x G per real sample)"
+                if cfg.model == "3dgan" else ""),
+            gflops_per_rank=round(gflops_rank, 3),
+            gflops_total=round(gflops_rank * self.world, 3),
+            peak=peak,
+            pct_of_peak=round(100 * gflops_rank / peak.gflops_per_rank, 2),
+            lr=lr, losses=loss_means,
+            allreduce=AllreduceTotals(bytes_per_rank=sum(s.bytes for s in stats),
+                                      calls=sum(s.allreduces for s in stats),
+                                      overlap=cfg.overlap, bucket_mb=cfg.bucket_mb),
+            max_rss_mb_per_rank=round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1),
+            provenance=prov,
+            eval=self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None,
+        )
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-            main_losses = " ".join(f"{k} {v:.4g}" for k, v in loss_means.items()
-                                   if k in self.task.loss_keys)
-            evaluated = " ".join(f"{k} {v:.4g}" for k, v in record.get("eval", {}).items()
-                                 if k != "samples")
-            if evaluated:
-                main_losses += f" | on {record['eval']['samples']} fixed samples: {evaluated}"
-            print(f"epoch {epoch}: {wall_max:.2f} s (compute {record['compute_s']:.2f}, comm "
-                  f"{record['comm_s']:.2f}, data {record['data_s']:.2f}), "
-                  f"{record['samples_per_s']:.2f} samples/s, {record['gflops_total']:.1f} "
-                  f"GFLOP/s = {record['pct_of_peak']:.1f}% of peak "
-                  f"{peak['gflops_per_rank']:.1f}/rank | {main_losses}", flush=True)
+                handle.write(record.to_json() + "\n")
+            self._print_epoch(record)
         self._save(epoch + 1, 0)
-        return record, False
+        return False
 
-    def _evaluate(self) -> dict:
+    def _print_epoch(self, r: EpochRecord) -> None:
+        main_losses = " ".join(f"{k} {v:.4g}" for k, v in r.losses.items()
+                               if k in self.task.loss_keys)
+        evaluated = " ".join(f"{k} {v:.4g}" for k, v in (r.eval or {}).items()
+                             if k != "samples")
+        if evaluated:
+            main_losses += f" | on {r.eval['samples']} fixed samples: {evaluated}"
+        print(f"epoch {r.epoch}: {r.epoch_time_s:.2f} s (compute {r.compute_s:.2f}, comm "
+              f"{r.comm_s:.2f}, data {r.data_s:.2f}), {r.samples_per_s:.2f} samples/s, "
+              f"{r.gflops_total:.1f} GFLOP/s = {r.pct_of_peak:.1f}% of peak "
+              f"{r.peak.gflops_per_rank:.1f}/rank | {main_losses}", flush=True)
+
+    def _evaluate(self) -> dict[str, float]:
         """Rank 0: the task's metrics on a fixed sample, the last ``eval_samples`` events of
         the data set (the same every epoch, and also seen in training - a progress gauge, not
         a test score). For the 3DGAN: aux energy error and Σcells / f(E') of generated
@@ -388,11 +405,3 @@ class Trainer:
                 for entry in step_log:
                     handle.write(json.dumps(entry) + "\n")
             step_log.clear()
-
-    def _average_bn(self) -> None:
-        for module in self.task.modules.values():
-            for m in module.modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
-                    for buf in (m.running_mean, m.running_var):
-                        self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
-                        buf.div_(self.world)

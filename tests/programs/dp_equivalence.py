@@ -23,8 +23,9 @@ import torch
 from mpi4py import MPI
 
 from hpcai.models import gan3d
+from hpcai.models.gan3d_spec import LATENT, weighted_loss
 from hpcai.training.allreduce import GradAllreducer, MpiTransport
-from hpcai.training.replicas import broadcast_state
+from hpcai.training.torch_trainer import broadcast_state
 
 GLOBAL = 4 if sys.argv[1] == "mlp" else 2
 comm = MPI.COMM_WORLD
@@ -59,7 +60,7 @@ elif model_name == "gan-d":
         fake, aux, ecal = model(x)
         parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e.view(-1, 1), aux),
                  gan3d.mape(x.sum(dim=(1, 2, 3, 4)).view(-1, 1), ecal))
-        return sum(w * p for w, p in zip(gan3d.LOSS_WEIGHTS, parts))
+        return weighted_loss(parts)
 else:
     model = gan3d.Generator(rng=torch.Generator().manual_seed(1))
     critic = gan3d.Discriminator(rng=torch.Generator().manual_seed(2))
@@ -70,7 +71,7 @@ else:
     batches = []
     for _ in range(3):
         e = torch.rand(GLOBAL, generator=data, dtype=torch.float64) * 4.9 + 0.1
-        z = torch.randn(GLOBAL, gan3d.LATENT, generator=data, dtype=torch.float64)
+        z = torch.randn(GLOBAL, LATENT, generator=data, dtype=torch.float64)
         batches.append((e.view(-1, 1) * z, e))
 
     def loss_fn(latent, e):  # the generator objective with D frozen
@@ -78,7 +79,7 @@ else:
         e = e.view(-1, 1)
         parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e, aux),
                  gan3d.mape(gan3d.sampling_fraction(e), ecal))
-        return sum(w * p for w, p in zip(gan3d.LOSS_WEIGHTS, parts))
+        return weighted_loss(parts)
 
 no_dropout_eval_bn(model)
 broadcast_state([model], comm)

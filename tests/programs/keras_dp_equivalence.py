@@ -32,7 +32,8 @@ import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from hpcai.models import gan3d_keras as gk  # noqa: E402
-from hpcai.training.keras_tasks import _bce, _mape, weighted_loss  # noqa: E402
+from hpcai.models.gan3d_spec import weighted_loss  # noqa: E402
+from hpcai.training.keras_tasks import _bce, _mape  # noqa: E402
 from hpcai.training.tf_allreduce import TfGradAllreducer  # noqa: E402
 
 GLOBAL = 2

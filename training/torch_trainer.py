@@ -1,0 +1,128 @@
+"""The trainer's PyTorch hooks: tasks from ``tasks``, gradients averaged by ``allreduce``.
+
+The loop, records, checkpoints, preemption and faults are ``trainer.Trainer``'s; this module
+says how PyTorch does each framework step: broadcast and fingerprint the parameters and
+buffers (NumPy views of the tensors), average the gradients (hpcai's buckets over mpi4py,
+torch.distributed's gloo, or Horovod), set the learning rate, save and load
+``torch.save`` checkpoints, seed the step's randomness and probe the GEMM peak.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from . import checkpoint
+from .allreduce import GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport
+from .metrics import best_gemm_gflops
+from .tasks import make_task
+from .trainer import Trainer
+
+
+def _tensors(modules: Iterable[torch.nn.Module], buffers: bool) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for module in modules:
+        out.extend(p.detach() for p in module.parameters())
+        if buffers:
+            out.extend(b.detach() for b in module.buffers())
+    return out
+
+
+def module_arrays(modules: Iterable[torch.nn.Module], buffers: bool = True) -> list[np.ndarray]:
+    """NumPy views of every parameter (and buffer) of ``modules``, for ``replicas.verify``."""
+    return [t.numpy() for t in _tensors(modules, buffers)]
+
+
+def broadcast_state(modules: Iterable[torch.nn.Module], comm, root: int = 0) -> None:
+    """Overwrite every rank's parameters and buffers with rank ``root``'s, in place."""
+    for t in _tensors(modules, buffers=True):
+        array = t.numpy() if t.is_contiguous() else t.contiguous().numpy()
+        comm.Bcast(array, root=root)
+        if not t.is_contiguous():
+            t.copy_(torch.from_numpy(array))
+
+
+def gemm_peak_gflops() -> float:
+    """Best-of-8 fp32 2048^3 ``torch.mm`` rate with this process's torch threads."""
+    a = torch.randn(2048, 2048)
+    b = torch.randn(2048, 2048)
+    return best_gemm_gflops(lambda: torch.mm(a, b))
+
+
+class TorchTrainer(Trainer):
+    framework = "pytorch"
+
+    def _threads(self) -> int:
+        return torch.get_num_threads()
+
+    def _make_task(self):
+        return make_task(self.cfg, self.target_lr)
+
+    def _make_reducers(self) -> dict:
+        cfg = self.cfg
+        if cfg.comm == "gloo":
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", init_method="env://", rank=self.rank,
+                                        world_size=self.world)
+            transport = TorchDistTransport("gloo")
+        elif cfg.comm == "horovod":
+            transport = HorovodTransport(self.comm)
+        else:
+            transport = MpiTransport(self.comm)
+        return {id(m): GradAllreducer(m, transport, bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
+                for m in self.task.modules.values()}
+
+    def _after_backward(self, module: torch.nn.Module) -> None:
+        self.reducers[id(module)].synchronize()
+
+    def _broadcast(self) -> None:
+        broadcast_state(self.task.modules.values(), self.comm)
+
+    def _state_arrays(self, everything: bool) -> list[np.ndarray]:
+        return module_arrays(self.task.modules.values(), buffers=everything)
+
+    def _average_bn(self) -> None:
+        for module in self.task.modules.values():
+            for m in module.modules():
+                if (isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                        and m.running_mean is not None):
+                    for buf in (m.running_mean, m.running_var):
+                        self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
+                        buf.div_(self.world)
+
+    def _apply_lr(self, lr: float) -> None:
+        for opt in self.task.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def _task_state(self) -> dict:
+        return {"modules": {k: m.state_dict() for k, m in self.task.modules.items()},
+                "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()}}
+
+    def _load_task_state(self, state: dict) -> None:
+        for key, module in self.task.modules.items():
+            module.load_state_dict(state["modules"][key])
+        for key, opt in self.task.optimizers.items():
+            opt.load_state_dict(state["optimizers"][key])
+
+    def _write_checkpoint(self, state: dict, handle: BinaryIO) -> None:
+        torch.save(state, handle)
+
+    def _read_checkpoint(self, path: Path) -> dict:
+        return checkpoint.read(path)
+
+    def _step_rng(self, seed: int) -> torch.Generator:
+        torch.manual_seed(seed)   # dropout draws from the global generator
+        return torch.Generator().manual_seed(seed)
+
+    def _gemm_probe(self) -> tuple[float, str]:
+        return gemm_peak_gflops(), "fp32 GEMM 2048^3 (torch.mm)"
+
+    def _framework_version(self) -> str:
+        return torch.__version__
