@@ -1,4 +1,4 @@
-"""What the PyTorch and Keras 3DGANs and the shower data share, from /work/shared/spec/3dgan.md.
+"""What the PyTorch and Keras 3DGANs and the shower data share (see docs/3dgan.md).
 
 Constants and f(E') only, no framework (not even NumPy is needed): ``models/gan3d.py``
 (PyTorch), ``models/gan3d_keras.py`` and ``training/keras_tasks.py`` (Keras), and the shower
