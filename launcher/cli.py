@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from typing import Callable
 
 from ..core.cli import Parser, run_main, say_error, split_command
 from ..core.errors import UserError
-from .options import LAUNCHERS, RUNTIMES, Options
+from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES, Options, env_defaults
 from .facts import gather_facts
-from .plan import MPI_CHOICES, build_plan
+from .plan import build_plan
+from .rankenv import from_environ
 
 
 def _validate(argv: list[str]) -> int:
@@ -67,21 +69,16 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "export-onnx": _export_onnx}
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value and value.lstrip("-").isdigit() else None
-
-
 def make_parser() -> Parser:
+    """hpcai-launch's options. Those with an ``HPCAI_*`` default parse to None when not
+    given; :func:`parse` fills them in (and so knows which ones the user gave)."""
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
     place.add_argument("--ranks-per-node", "-N", type=int,
-                       default=_env_int("HPCAI_RANKS_PER_NODE"),
                        help="MPI ranks per node (default 1, or what the launcher started)")
     place.add_argument("--ranks-per-numa", type=int, help="ranks per NUMA domain")
     place.add_argument("--threads-per-rank", "-t", type=int,
-                       default=_env_int("HPCAI_THREADS_PER_RANK"),
                        help="threads per rank (default: cores of the rank's share)")
     place.add_argument("--hyperthreads", action="store_true",
                        help="use all hardware threads of each core")
@@ -91,26 +88,21 @@ def make_parser() -> Parser:
                        help="hwloc XML file or synthetic text ('pack:2 numa:2 core:12') "
                             "instead of this machine's sysfs")
     launch = p.add_argument_group("launcher")
-    launch.add_argument("--launcher", choices=LAUNCHERS,
-                        default=os.environ.get("HPCAI_LAUNCHER", "auto"))
-    launch.add_argument("--mpi", default=os.environ.get("HPCAI_MPI", "auto"),
-                        help=f"MPI flavour: {', '.join(MPI_CHOICES)}")
-    launch.add_argument("--mpirun", default=os.environ.get("HPCAI_MPIRUN"),
-                        help="path of the MPI launcher (mpirun/mpiexec) to use")
+    launch.add_argument("--launcher", choices=LAUNCHERS, help="default auto")
+    launch.add_argument("--mpi", help=f"MPI flavour: {', '.join(MPI_CHOICES)}")
+    launch.add_argument("--mpirun", help="path of the MPI launcher (mpirun/mpiexec) to use")
     launch.add_argument("--hosts", help="hosts for mpirun: h1,h2 or h1:4,h2:4")
     launch.add_argument("--nodes", type=int, help="nodes for srun (default: the allocation)")
     cont = p.add_argument_group("containers")
-    cont.add_argument("--container", default=os.environ.get("HPCAI_CONTAINER"),
+    cont.add_argument("--container",
                       help="image: Charliecloud directory/SquashFS or Singularity SIF/sandbox")
-    cont.add_argument("--runtime", default=os.environ.get("HPCAI_RUNTIME", "charliecloud"),
-                      choices=RUNTIMES)
+    cont.add_argument("--runtime", choices=RUNTIMES, help="default charliecloud")
     cont.add_argument("--bind-host-mpi", dest="bind_host_mpi", action="store_true",
                       default=None, help="bind the host MPI and fabric libraries read-only "
                       "(default: when a container is used and a host MPI is found)")
     cont.add_argument("--no-bind-host-mpi", dest="bind_host_mpi", action="store_false")
     cont.add_argument("--host-libs", help=argparse.SUPPRESS)  # staged by the outer launcher
-    cont.add_argument("--site", default=os.environ.get("HPCAI_SITE"),
-                      help="site profile (TOML): extra binds, env, libraries")
+    cont.add_argument("--site", help="site profile (TOML): extra binds, env, libraries")
     cont.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
                       help="extra bind into the container (repeatable)")
     out = p.add_argument_group("output")
@@ -119,19 +111,29 @@ def make_parser() -> Parser:
     out.add_argument("--report-bindings", action="store_true",
                      help="every rank prints its real CPU set and thread count")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.epilog = "Defaults from the environment: " + ", ".join(
+        f"{var} ({'--' + name.replace('_', '-')})" for name, var, _ in ENV_DEFAULTS)
     return p
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
+    """The command line and the ``HPCAI_*`` defaults, checked for values and combinations
+    that would be ignored or cannot work."""
     head, command = split_command(argv)
     ns = make_parser().parse_args(head)
     if command is None:
         command = ns.command
+    given = {name for name, _, _ in ENV_DEFAULTS if getattr(ns, name) is not None}
+    defaults = env_defaults(os.environ)
+    for name in defaults.keys() - given:
+        setattr(ns, name, defaults[name])
     if ns.mpi not in MPI_CHOICES:
         raise UserError(f"unknown MPI {ns.mpi!r}",
                         f"--mpi takes one of: {', '.join(MPI_CHOICES)}")
     if ns.json and not ns.dry_run:
         raise UserError("--json only goes with --dry-run", "add --dry-run")
+    _check_counts(ns)
+    _check_container_options(ns, given)
     options = Options(command=tuple(command), ranks_per_node=ns.ranks_per_node,
                       ranks_per_numa=ns.ranks_per_numa, threads_per_rank=ns.threads_per_rank,
                       hyperthreads=ns.hyperthreads, oversubscribe=ns.oversubscribe,
@@ -144,12 +146,56 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     return options, ns
 
 
+def _check_counts(ns: argparse.Namespace) -> None:
+    if ns.nodes is not None and ns.nodes < 1:
+        raise UserError(f"--nodes must be at least 1, got {ns.nodes}",
+                        "give the number of nodes srun should use, or leave it out")
+
+
+def _check_container_options(ns: argparse.Namespace, given: set[str]) -> None:
+    """Container options that would be silently ignored (no container to apply them to)
+    are refused. ``--runtime none`` over ``HPCAI_CONTAINER`` is a bare run on purpose."""
+    def source(name: str, var: str) -> str:
+        return f"--{name}" if name in given else var
+
+    if ns.container is not None and ns.runtime == "none":
+        if "container" in given or "runtime" not in given:
+            raise UserError(f"{source('container', 'HPCAI_CONTAINER')} {ns.container} with "
+                            f"{source('runtime', 'HPCAI_RUNTIME')} none: the image would be "
+                            "ignored", "use --runtime charliecloud or singularity, or leave "
+                            "out the container")
+    elif ns.container is not None:
+        return
+    bare = "--runtime none" if ns.container is not None else "no --container"
+    hint = "give --container IMG, or leave the option out"
+    if ns.bind:
+        raise UserError(f"--bind {ns.bind[0]} with {bare}: there is no container to bind "
+                        "it into", hint)
+    if ns.bind_host_mpi is not None:
+        flag = "--bind-host-mpi" if ns.bind_host_mpi else "--no-bind-host-mpi"
+        raise UserError(f"{flag} with {bare}: it only applies to a container", hint)
+    if ns.container is None and "runtime" in given and ns.runtime != "none":
+        raise UserError(f"--runtime {ns.runtime} with no --container: there is no image to "
+                        "run", hint)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in SUBCOMMANDS:
         return run_main(SUBCOMMANDS[args[0]], args[1:])
     launch = _Launch()
     return run_main(launch, args, report=launch.report)
+
+
+def check_training_command(options: Options) -> None:
+    """A ``train`` command's arguments, parsed once here before any rank starts: a usage
+    error is said once, not by every rank and then by mpirun's abort banner. A bare
+    ``train`` is checked only if it is hpcai's (someone else's ``train`` is theirs)."""
+    from ..training.config import check_command
+
+    bare = options.container is None or options.runtime == "none"
+    program = shutil.which(options.command[0]) if bare and options.command else None
+    check_command(options.command, program)
 
 
 class _Launch:
@@ -161,6 +207,8 @@ class _Launch:
 
     def __call__(self, argv: list[str]) -> int:
         options, ns = parse(argv)
+        if from_environ(dict(os.environ)) is None:   # the outer hpcai-launch, not a rank
+            check_training_command(options)
         facts = gather_facts(options, stage=not ns.dry_run)
         self.loud = facts.rank is None or facts.rank.local_rank == 0
         plan = build_plan(options, facts)

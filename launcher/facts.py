@@ -1,7 +1,9 @@
 """The impure half of planning: read the world once into :class:`Facts`.
 
 ``gather_facts`` runs the MPI launcher's ``--version`` (when it must), reads the topology,
-the rank identity and the container facts; :mod:`.plan` then decides with pure functions.
+the rank identity, the site profile (checked whether or not a container uses it) and the
+container facts, and on rank 0 of an srun step whether srun ends the step when a task
+fails; :mod:`.plan` then decides with pure functions.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .options import Options
 from .rankenv import RankInfo, in_slurm_step
 from .site import SiteProfile
 from .topology import Topology
+from ..core.errors import UserError
 from ..slurm import pmi
 
 if TYPE_CHECKING:
@@ -41,6 +44,8 @@ class Facts:
     rank: RankInfo | None = None
     container: ContainerFacts | None = None
     cwd: str = "/"
+    site: SiteProfile | None = None
+    srun_kills_on_bad_exit: bool | None = None   # rank 0 of an srun step; None: cannot tell
 
 
 def choose_mode(options: Options, env: dict[str, str],
@@ -64,7 +69,8 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     container. ``stage=False`` (``--dry-run``): the host libraries are found but not copied."""
     env = dict(os.environ if env is None else env)
     info = rankenv.from_environ(env, os.getppid())
-    topo = topology.load(options.topology or env.get("HPCAI_TOPOLOGY"))
+    topo = _topology(options, env)
+    site = SiteProfile.load(options.site) if options.site else SiteProfile.from_env(env)
     command_path = None
     if options.command:
         command_path = shutil.which(options.command[0], path=env.get("PATH"))
@@ -85,7 +91,6 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     container = None
     if options.container and options.runtime != "none":
         from . import containerplan
-        site = SiteProfile.load(options.site) if options.site else SiteProfile.from_env(env)
         srun_pmi = pmi.choose(None, site, mpi.flavour.srun_mpi if mpi else None) \
             if mode == "srun" else None
         container = containerplan.gather(
@@ -96,11 +101,28 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             srun_pmi=srun_pmi, cache_dir=cache_dir,
             in_rank=info is not None, command=options.command[0] if options.command else None,
             stage=stage)
+    kills = None
+    if info is not None and info.started_by == "slurm" and info.rank == 0 and info.size > 1:
+        from ..slurm.step import srun_kills_on_bad_exit
+        kills = srun_kills_on_bad_exit(env, sys.argv[1:])
     return Facts(env=env, topology=topo, hostname=socket.gethostname(),
                  self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
                  uid=os.getuid(), free_port=port, mpi=mpi,
                  cache_dir=cache_dir,
-                 rank=info, container=container, cwd=os.getcwd())
+                 rank=info, container=container, cwd=os.getcwd(), site=site,
+                 srun_kills_on_bad_exit=kills)
+
+
+def _topology(options: Options, env: dict[str, str]) -> Topology:
+    """``--topology``, else ``HPCAI_TOPOLOGY``, else this machine (an error names the
+    variable when the text came from it)."""
+    if options.topology or not env.get("HPCAI_TOPOLOGY"):
+        return topology.load(options.topology)
+    try:
+        return topology.load(env["HPCAI_TOPOLOGY"])
+    except UserError as exc:
+        raise UserError(f"HPCAI_TOPOLOGY: {exc.message}",
+                        f"{exc.hint}; or unset HPCAI_TOPOLOGY") from None
 
 
 def _free_port(socket_module) -> int:

@@ -10,10 +10,14 @@ what it writes and compares).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Iterator
+from typing import Iterator, Mapping
+
+from ..core.errors import UserError
+from .abi import FLAVOURS
 
 LAUNCHERS = ("auto", "mpirun", "srun")
 RUNTIMES = ("charliecloud", "singularity", "none")
+MPI_CHOICES = ("auto", *FLAVOURS)
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,15 @@ class Options:
                   host_libs: str | None) -> Options:
         """What the per-rank ``hpcai-launch`` gets from the launcher that starts it: the
         same placement and container, with the staged host libraries (``host_libs``, or no
-        host MPI binding when nothing was staged), and none of the start-up options."""
+        host MPI binding when nothing was staged), and none of the start-up options. A
+        bare run of options that name a container (``--runtime none`` over
+        ``HPCAI_CONTAINER``) passes ``--runtime none`` on: the ranks inherit the variable."""
         in_container = container is not None
+        bare = "none" if self.container is not None else _DEFAULTS["runtime"]
         return replace(self, ranks_per_node=ranks_per_node, ranks_per_numa=None,
                        launcher="auto", mpirun=None, hosts=None, nodes=None,
                        container=container,
-                       runtime=runtime if in_container else _DEFAULTS["runtime"],
+                       runtime=runtime if in_container else bare,
                        host_libs=host_libs if in_container else None,
                        bind_host_mpi=(None if host_libs or not in_container else False),
                        site=self.site if in_container else None,
@@ -92,3 +99,46 @@ def _option_args(options: Options) -> Iterator[str]:
             yield flag
         else:
             yield from (flag, str(value))
+
+
+# Option -> the variable that gives its default, and what the value must be: "count" (a
+# whole number >= 1), "path" (any non-empty text) or the tuple of allowed words.
+ENV_DEFAULTS: tuple[tuple[str, str, str | tuple[str, ...]], ...] = (
+    ("ranks_per_node", "HPCAI_RANKS_PER_NODE", "count"),
+    ("threads_per_rank", "HPCAI_THREADS_PER_RANK", "count"),
+    ("launcher", "HPCAI_LAUNCHER", LAUNCHERS),
+    ("mpi", "HPCAI_MPI", MPI_CHOICES),
+    ("mpirun", "HPCAI_MPIRUN", "path"),
+    ("container", "HPCAI_CONTAINER", "path"),
+    ("runtime", "HPCAI_RUNTIME", RUNTIMES),
+    ("site", "HPCAI_SITE", "path"),
+)
+
+
+def env_defaults(env: Mapping[str, str]) -> dict[str, int | str | None]:
+    """The default of every option of :data:`ENV_DEFAULTS`: its ``HPCAI_*`` variable when
+    set (an empty one counts as unset), else :class:`Options`'. A malformed value is a
+    :class:`UserError` naming the variable, never dropped: ``HPCAI_RANKS_PER_NODE=abc``
+    stops the launch."""
+    out: dict[str, int | str | None] = {}
+    for name, var, kind in ENV_DEFAULTS:
+        text = env.get(var, "").strip()
+        if not text:
+            out[name] = _DEFAULTS[name]
+            continue
+        flag = "--" + name.replace("_", "-")
+        if kind == "count":
+            if not text.isdigit() or int(text) < 1:
+                raise UserError(f"{var}={text!r} is not a whole number of at least 1",
+                                f"set {var} to e.g. 4, or unset it (it is the default of "
+                                f"{flag})")
+            out[name] = int(text)
+        elif kind == "path":
+            out[name] = text
+        else:
+            if text not in kind:
+                raise UserError(f"{var}={text!r} is not one of: {', '.join(kind)}",
+                                f"set {var} to one of those, or unset it (it is the default "
+                                f"of {flag})")
+            out[name] = text
+    return out

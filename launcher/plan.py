@@ -33,9 +33,6 @@ from ..slurm.srun import SrunStep, srun_argv
 if TYPE_CHECKING:
     from .containerplan import ContainerFacts
 
-MPI_CHOICES = ("auto", *flavours.FLAVOURS)
-
-
 @dataclass(frozen=True)
 class RankPlan:
     """One local rank's binding and environment."""
@@ -150,6 +147,7 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
                         "put the program after '--', e.g. hpcai-launch --ranks-per-node 2 "
                         "-- python train.py")
     mode, reason = choose_mode(options, facts.env, facts.rank)
+    check_mode_options(options, facts.env, mode)
     if facts.container is not None:
         if not facts.container.has_command:
             raise UserError(f"command not found in image {facts.container.image}: "
@@ -165,6 +163,29 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
     if mode == "srun":
         return _srun_plan(options, facts, placement, ranks, reason)
     return _mpirun_plan(options, facts, placement, ranks, reason)
+
+
+def check_mode_options(options: Options, env: dict[str, str], mode: str) -> None:
+    """Refuse what this mode cannot do or would ignore, before anything starts: srun
+    outside an allocation, ``--nodes`` without srun, ``--hosts`` without mpirun."""
+    if mode == "srun" and not env.get("SLURM_JOB_ID"):
+        raise UserError("--launcher srun, but this is not inside a Slurm allocation "
+                        "(no SLURM_JOB_ID)",
+                        "get an allocation first (salloc -N 2, or an sbatch script), or use "
+                        "--launcher mpirun")
+    started = "this process already is a rank (started by an MPI launcher or srun)"
+    if options.nodes is not None and mode != "srun":
+        raise UserError(f"--nodes {options.nodes} only applies when hpcai-launch starts "
+                        f"srun, but {started if mode == 'rank' else 'it starts mpirun'}",
+                        "leave out --nodes" + ("" if mode == "rank" else
+                                              "; mpirun runs on the --hosts given"))
+    if options.hosts is not None and mode != "mpirun":
+        raise UserError(f"--hosts {options.hosts} only applies when hpcai-launch starts "
+                        f"mpirun, but {started if mode == 'rank' else 'it starts srun'}",
+                        "leave out --hosts" + ("" if mode == "rank" else
+                                              " (srun runs on the allocation's nodes; "
+                                              "--nodes N picks how many), or use "
+                                              "--launcher mpirun"))
 
 
 def _placement(options: Options, topology: Topology, ranks_per_node: int | None) -> Placement:
@@ -288,7 +309,7 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     flavour = facts.mpi.flavour if facts.mpi else None
     if flavour is None:
         notes.append("MPI flavour unknown: srun uses the site's default --mpi plugin")
-    site = facts.container.site if facts.container else None
+    site = facts.container.site if facts.container else facts.site
     argv = srun_line(options, pmi.choose(None, site, flavour.srun_mpi if flavour else None), placement,
                      facts.topology, nodes, facts.self_argv, container=facts.container)
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
@@ -333,9 +354,16 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
         warnings.append("srun started the ranks without a PMI plugin (--mpi=none): MPI "
                         "programs will each see a world of size 1; use srun --mpi=pmix "
                         "(Open MPI) or --mpi=pmi2 (MPICH, Intel MPI)")
+    if info.started_by == "slurm" and info.size > 1 and facts.srun_kills_on_bad_exit is False:
+        warnings.append("srun started the ranks without --kill-on-bad-exit: if one rank "
+                        "fails, srun leaves the others running (they can wait in their next "
+                        "collective until the time limit); add --kill-on-bad-exit=1 to the "
+                        "srun line (hpcai-launch's own srun lines and sbatch scripts have it)")
     synthetic = facts.topology.source != "sysfs"
     if synthetic:
-        notes.append(f"topology {facts.topology.source} is not this machine: not binding")
+        warnings.append(f"topology {facts.topology.source} is not this machine's: the ranks "
+                        "are not bound (--topology and HPCAI_TOPOLOGY are for planning "
+                        "other machines with --dry-run)")
     return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()),
                       placement=placement, ranks=(entry,),
                       topology=facts.topology.describe(), rank=info,

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from ..slurm.nodelist import expand_hostlist, parse_tasks_per_node
 
-PORT_BASE = 20000   # below Linux's ephemeral range (32768-60999)
-PORT_SPAN = 12000
+PORT_BASE = 20000    # the rendezvous ports stay below Linux's ephemeral range (32768-60999)
+PORT_SPAN = 12763    # a prime: every step multiplier below it permutes the ports
+STEP_STRIDE = 7888   # round(PORT_SPAN / golden ratio): steps of nearby jobs land far apart
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,25 @@ def _node_rank_blocked(rank: int, local_size: int) -> int:
 
 
 def rendezvous_port(job_key: str) -> int:
-    """A port derived from the job identity: equal on all ranks, distinct between jobs.
+    """A port derived from the job identity: equal on all ranks, distinct between steps and
+    between jobs as far as a range of 12763 ports allows.
 
-    Slurm jobs map ``job*8 + step`` into the range, so jobs whose ids differ by less than
-    1500 never collide; other launchers hash their job id.
+    A Slurm step ``job.step`` gets ``20000 + (job + 7888 * step) mod 12763`` (20000-32762):
+
+    - all steps of one job get distinct ports (12763 is prime, so ``step -> 7888 * step``
+      is a permutation): no step ever reuses another's port, however many a job has;
+    - the same step of two jobs collides only when their ids differ by a multiple of 12763;
+    - steps of nearby jobs: two steps below 8 collide only for jobs at least 1151 ids
+      apart, below 16 at least 440, below 64 at least 102 (7888 is the golden-ratio point
+      of 12763, which keeps every ``k * 7888 mod 12763`` for small k far from 0).
+
+    ``tests/test_rankenv.py`` checks these bounds exhaustively. Other launchers hash their
+    job id into the same range (crc32; distinct jobs collide with probability 1/12763).
     """
     if job_key.startswith("slurm:"):
         job, _, step = job_key[6:].partition(".")
-        if job.isdigit():
-            return PORT_BASE + (int(job) * 8 + int(step or 0) % 8) % PORT_SPAN
+        if job.isdigit() and (step or "0").isdigit():
+            return PORT_BASE + (int(job) + STEP_STRIDE * int(step or 0)) % PORT_SPAN
     return PORT_BASE + zlib.crc32(job_key.encode()) % PORT_SPAN
 
 

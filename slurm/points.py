@@ -30,7 +30,7 @@ class PointRecord:
     """``RESULTS/<point>/point.json``: the point and where its run stands (flat JSON)."""
 
     point: Point
-    status: str                      # submitted, running, done, incomplete, failed
+    status: str                      # submitted, running, done, incomplete, failed, timeout
     job_id: str | None = None
     exit_code: int | None = None
     schema: int = POINT_SCHEMA

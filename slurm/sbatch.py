@@ -16,6 +16,7 @@ topology. Directives are sorted and every value is shell-quoted.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import shutil
 import subprocess
@@ -27,13 +28,19 @@ from ..launcher import flavours
 from ..core.cli import Parser, split_command
 from ..core.errors import UserError
 from ..launcher.placement import check_fits
+from ..training.config import check_command, train_arguments
 from ..launcher.options import Options
 from ..launcher.site import SiteProfile
 from . import pmi
 from .srun import SrunStep, srun_argv
 
 DEFAULT_SIGNAL = "USR1@120"
-TRAIN_COMMANDS = ("train", "hpcai-train")
+DEFAULT_RUNTIME = "charliecloud"
+# Slurm's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+# Slurm's --signal: [{R|B}:]SIG[@SECONDS]; the training engine stops cleanly on these
+_SIGNAL = re.compile(r"(?:([RB]{1,2}):)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?")
+TRAIN_SIGNALS = ("USR1", "TERM", "10", "15")
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,7 @@ def _pmi(spec: JobSpec) -> str | None:
 def wrapper_argv(spec: JobSpec) -> list[str]:
     """The per-rank hpcai-launch and the user's command (with --resume for training)."""
     command = list(spec.command)
-    is_train = Path(command[0]).name in TRAIN_COMMANDS or command[1:3] == ["-m", "hpcai.training"]
-    if is_train and "--resume" not in command:
+    if train_arguments(command) is not None and "--resume" not in command:
         command.append("--resume")
     options = Options(command=tuple(command), threads_per_rank=spec.threads_per_rank,
                       mpi=spec.mpi, oversubscribe=spec.oversubscribe, runtime=spec.runtime,
@@ -184,13 +190,62 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signal", default=DEFAULT_SIGNAL)
     p.add_argument("--mpi", default="auto")
     p.add_argument("--container")
-    p.add_argument("--runtime", default="charliecloud", choices=("charliecloud", "singularity"))
+    p.add_argument("--runtime", choices=("charliecloud", "singularity"),
+                   help=f"with --container (default {DEFAULT_RUNTIME})")
     p.add_argument("--site")
-    p.add_argument("--bind", action="append", default=[])
+    p.add_argument("--bind", action="append", default=[], help="with --container")
     p.add_argument("--oversubscribe", action="store_true",
                    help="let the per-rank hpcai-launch share cores (test clusters)")
     p.add_argument("--setup", action="append", default=[],
                    help="shell line to run before srun (e.g. 'source env.sh'); repeatable")
+
+
+def time_limit(text: str) -> int | None:
+    """Seconds of a Slurm ``--time`` (None: no limit, for 0, INFINITE, UNLIMITED)."""
+    if text.upper() in ("INFINITE", "UNLIMITED"):
+        return None
+    match = _TIME.fullmatch(text.strip())
+    if not match:
+        raise UserError(f"--time {text!r} is not a Slurm time limit",
+                        "give minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. --time 02:00:00")
+    days, first, second, third = match.groups()
+    if days is not None:
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        hours += 24 * int(days)
+    elif third is not None:
+        hours, minutes, seconds = int(first), int(second), int(third)
+    else:
+        hours, minutes, seconds = 0, int(first), int(second or 0)
+    total = 3600 * hours + 60 * minutes + seconds
+    return total or None
+
+
+def check_job_args(ns: argparse.Namespace, command: list[str]) -> None:
+    """What :func:`add_job_options` parsed, checked before anything is written or submitted:
+    container options without a container, a malformed ``--time`` or ``--signal``, a signal
+    the training engine would not stop on, a ``train`` command with a usage error. Fills in
+    ``ns.runtime``."""
+    if ns.container is None:
+        hint = "give --container IMG, or leave the option out"
+        if ns.bind:
+            raise UserError(f"--bind {ns.bind[0]} without --container: there is no container "
+                            "to bind it into", hint)
+        if ns.runtime is not None:
+            raise UserError(f"--runtime {ns.runtime} without --container: there is no image "
+                            "to run", hint)
+    ns.runtime = ns.runtime or DEFAULT_RUNTIME
+    time_limit(ns.time)
+    match = _SIGNAL.fullmatch(ns.signal)
+    if not match:
+        raise UserError(f"--signal {ns.signal!r} is not Slurm's [R:]SIG[@SECONDS]",
+                        f"e.g. --signal {DEFAULT_SIGNAL}")
+    if check_command(command) is not None:
+        where, name, _ = match.groups()
+        if where and "B" in where or name not in TRAIN_SIGNALS:
+            raise UserError(f"--signal {ns.signal}: the training ranks checkpoint and stop on "
+                            "USR1 or TERM sent to them, which this is not",
+                            f"use --signal {DEFAULT_SIGNAL} (without B:, which signals only "
+                            "the batch shell)")
 
 
 def detect_mpi(requested: str, site: SiteProfile | None) -> str:
@@ -231,6 +286,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--submit", action="store_true", help="submit it and print the job id")
     p.add_argument("--dry-run", action="store_true", help="only print the script (default)")
     ns = p.parse_args(head)
+    if ns.dry_run and (ns.script or ns.submit):
+        raise UserError(f"--dry-run only prints the script; it does not go with "
+                        f"{'--script' if ns.script else '--submit'}",
+                        "leave out --dry-run to write or submit, or the other option to print")
+    check_job_args(ns, command)
     spec = spec_from_args(ns, command, output=ns.output)
     text = render(spec)
     if ns.submit and not shutil.which("sbatch"):
@@ -240,7 +300,7 @@ def main(argv: list[str]) -> int:
         path = Path(ns.script or f"{spec.job_name}.sbatch")
         path.write_text(text)
         path.chmod(0o755)
-    if ns.submit and not ns.dry_run:
+    if ns.submit:
         print(submit(path))
         return 0
     if not ns.script:

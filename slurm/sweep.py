@@ -12,17 +12,24 @@ smallest point's ranks, the per-rank batch shrinks.
 
 Each point gets ``RESULTS/N{n}-R{r}-T{t}-rep{k}/`` with ``point.json`` (its parameters,
 job id, status) and the training's ``epochs.jsonl`` (``--out`` is set per point). Under
-Slurm every point is a batch job rendered by ``hpcai-launch sbatch``; ``--no-wait`` returns
-after submitting, ``hpcai-launch sweep --collect --results RESULTS`` later refreshes each
-point's status and reports (``hpcai-launch report RESULTS`` only reads).
-Without a scheduler (``--launcher mpirun --hosts …``) points run one after another.
+Slurm every point is a batch job rendered by ``hpcai-launch sbatch`` (named
+``JOBNAME-<point>``); ``--no-wait`` returns after submitting, ``hpcai-launch sweep --collect
+--results RESULTS`` later refreshes each point's status and reports (``hpcai-launch report
+RESULTS`` only reads).
+Without a scheduler (``--launcher mpirun --hosts …``) points run one after another, each
+within ``--time`` (as a job would be): past it the point's process group gets SIGTERM (the
+training checkpoints and exits), 30 s later SIGKILL, and the point's status is ``timeout``.
+Options only Slurm can use (``--partition``, ``--account``, ``--job-name``, ``--signal``,
+``--setup``, ``--no-wait``, ``--wait-timeout``) are refused there, and ``--hosts`` under
+Slurm; ``--scaling strong`` needs ``--batch-size`` in the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +39,7 @@ from pathlib import Path
 from ..core.cli import Parser, split_command
 from ..core.errors import UserError
 from .points import Point, PointRecord
+from .sbatch import DEFAULT_SIGNAL, check_job_args, time_limit
 from ..launcher.options import Options
 from ..launcher.placement import check_fits
 
@@ -52,10 +60,36 @@ def parse_counts(text: str, what: str) -> list[int]:
     return sorted(set(values))
 
 
+KILL_GRACE_S = 30.0   # SIGTERM -> SIGKILL for a point past its --time
+# Sweep option -> its default: what only a Slurm sweep can use
+SLURM_ONLY = {"partition": None, "account": None, "job_name": "hpcai",
+              "signal": DEFAULT_SIGNAL, "setup": [], "no_wait": False,
+              "wait_timeout": 24 * 3600.0}
+
+
+def _option_value(command: list[str], flag: str) -> tuple[int, str] | None:
+    """(index, value) of ``flag V`` or ``flag=V`` in the command, the last one given."""
+    found = None
+    for i, arg in enumerate(command):
+        if arg == flag and i + 1 < len(command):
+            found = (i, command[i + 1])
+        elif arg.startswith(flag + "="):
+            found = (i, arg[len(flag) + 1:])
+    return found
+
+
+def _count_of(command: list[str], flag: str) -> int | None:
+    found = _option_value(command, flag)
+    if found is None:
+        return None
+    if not found[1].isdigit() or int(found[1]) < 1:
+        raise UserError(f"{flag} {found[1]!r} in the command is not a whole number of at "
+                        "least 1", f"e.g. {flag} 16")
+    return int(found[1])
+
+
 def _batch_of(command: list[str]) -> int | None:
-    if "--batch-size" in command:
-        return int(command[command.index("--batch-size") + 1])
-    return None
+    return _count_of(command, "--batch-size")
 
 
 def plan_points(nodes: list[int], ranks: list[int], threads: str, cores: int, repeat: int,
@@ -80,13 +114,18 @@ def plan_points(nodes: list[int], ranks: list[int], threads: str, cores: int, re
 
 
 def point_command(command: list[str], point: Point, out: Path) -> list[str]:
+    """The command with the point's ``--out`` (and per-rank batch, strong scaling)."""
     cmd = list(command)
-    if point.batch_size is not None:
-        cmd[cmd.index("--batch-size") + 1] = str(point.batch_size)
-    if "--out" in cmd:
-        cmd[cmd.index("--out") + 1] = str(out)
-    else:
-        cmd += ["--out", str(out)]
+    for flag, value in (("--batch-size", point.batch_size), ("--out", out)):
+        found = _option_value(cmd, flag)
+        if value is None:
+            continue
+        if found is None:
+            cmd += [flag, str(value)]
+        elif cmd[found[0]] == flag:
+            cmd[found[0] + 1] = str(value)
+        else:
+            cmd[found[0]] = f"{flag}={value}"
     return cmd
 
 
@@ -108,7 +147,7 @@ def _status(directory: Path, expected_epochs: int | None) -> str:
 
 
 def _epochs_of(command: list[str]) -> int | None:
-    return int(command[command.index("--epochs") + 1]) if "--epochs" in command else None
+    return _count_of(command, "--epochs")
 
 
 def _run_slurm(points, command, results: Path, ns) -> dict[str, str]:
@@ -123,7 +162,7 @@ def _run_slurm(points, command, results: Path, ns) -> dict[str, str]:
         spec = sb.spec_from_args(ns, point_command(command, point, directory.resolve()),
                                  nodes=point.nodes, ranks_per_node=point.ranks_per_node,
                                  threads_per_rank=point.threads_per_rank,
-                                 job_name=f"hpcai-{point.name}",
+                                 job_name=f"{ns.job_name}-{point.name}",
                                  output=str((directory / "slurm-%j.out").resolve()))
         directory.mkdir(parents=True, exist_ok=True)
         script = directory / "job.sbatch"
@@ -174,15 +213,54 @@ def _run_mpirun(points, command, results: Path, ns) -> None:
     argvs = [[sys.executable, "-m", "hpcai.launcher",
               *point_options(ns, point, hosts, command, results / point.name).to_argv()]
              for point in points]
+    limit = time_limit(ns.time)
     for point, argv in zip(points, argvs):
         directory = results / point.name
         write_point(directory, PointRecord(point, "running"))
-        with open(directory / "run.log", "w") as log:
-            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
-                                  check=False).returncode
-        status = _status(directory, _epochs_of(command)) if code == 0 else "failed"
+        code, timed_out = run_within(argv, directory / "run.log", limit)
+        if timed_out:
+            status = "timeout"
+        else:
+            status = _status(directory, _epochs_of(command)) if code == 0 else "failed"
         write_point(directory, PointRecord(point, status, exit_code=code))
-        print(f"{point.name}: {status}", flush=True)
+        print(f"{point.name}: {status}" + (f" (past --time {ns.time})" if timed_out else ""),
+              flush=True)
+
+
+def run_within(argv: list[str], log_path: Path, limit: float | None,
+               grace: float = KILL_GRACE_S) -> tuple[int, bool]:
+    """Run one point in its own process group, output to ``log_path``; past ``limit``
+    seconds the group gets SIGTERM, after ``grace`` more SIGKILL. Returns (exit code,
+    timed out). An interrupt of the sweep stops the point's group too."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=limit), False
+        except subprocess.TimeoutExpired:
+            _stop_group(proc, grace)
+            return proc.returncode, True
+        except BaseException:
+            _stop_group(proc, grace)
+            raise
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # the launcher is gone; make sure nothing it started in its group is left
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def collect_status(results: Path, command_epochs: int | None = None) -> None:
@@ -207,6 +285,29 @@ def _cores(ns) -> int:
             return site.cores_per_node
     from ..launcher.topology import load
     return len(load(ns.topology).cores)
+
+
+def check_sweep_args(ns: argparse.Namespace, command: list[str]) -> None:
+    """Options this launcher would ignore, and what :func:`.sbatch.check_job_args` checks
+    (the ``train`` command included), before any point is written or started."""
+    if ns.launcher == "mpirun":
+        given = [name for name, default in SLURM_ONLY.items() if getattr(ns, name) != default]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise UserError(f"{flag} is for Slurm; the --launcher mpirun sweep would ignore it",
+                            f"leave out {flag}, or sweep under Slurm (--launcher slurm)")
+    elif ns.hosts:
+        raise UserError("--hosts is for --launcher mpirun; Slurm picks the nodes of each job",
+                        "leave out --hosts, or add --launcher mpirun")
+    check_job_args(ns, command)
+    if ns.wait_timeout <= 0:
+        raise UserError(f"--wait-timeout must be positive, got {ns.wait_timeout:g}",
+                        "e.g. --wait-timeout 3600, or --no-wait")
+    if ns.scaling == "strong" and _batch_of(command) is None:
+        raise UserError("--scaling strong needs --batch-size B in the command: the global "
+                        "batch it keeps is B x the smallest point's ranks",
+                        "add e.g. --batch-size 16 after the command, or use --scaling weak")
+    _epochs_of(command)
 
 
 def main(argv: list[str]) -> int:
@@ -237,6 +338,7 @@ def main(argv: list[str]) -> int:
     if not ns.collect:
         if not command:
             raise UserError("no command to sweep", "put it after '--', e.g. -- train 3dgan")
+        check_sweep_args(ns, command)
         nodes = parse_counts(ns.nodes or "1", "--nodes")
         ranks = parse_counts(ns.ranks_per_node or "1", "--ranks-per-node")
         threads = ns.threads_per_rank or "auto"

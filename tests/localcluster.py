@@ -1,8 +1,8 @@
 """A throw-away Slurm cluster on this one machine, for tests and for trying hpcai.
 
-``LocalCluster`` creates a temporary directory, writes a munge key and a ``slurm.conf``
-there, and starts ``munged``, ``slurmctld`` and one ``slurmd`` per node, all on private
-ports bound to 127.0.0.1. Two shapes:
+``LocalCluster`` creates a temporary directory, makes its own munge key there (never the
+host's) and writes a ``slurm.conf``, and starts ``munged``, ``slurmctld`` and one ``slurmd``
+per node, all on private ports bound to 127.0.0.1. Two shapes:
 
 - ``LocalCluster()`` (``fake_nodes=0``): the real node, named after this host, with
   ``task/affinity`` so Slurm binds the tasks itself;
@@ -99,6 +99,7 @@ class LocalCluster:
         self.conf: Path | None = None
         self.nodes: list[str] = []
         self.start_seconds: float | None = None
+        self.munge_key: Path | None = None
         self._procs: list[tuple[str, subprocess.Popen]] = []
         self._logs: dict[str, Path] = {}      # daemon -> its log file
 
@@ -209,21 +210,8 @@ class LocalCluster:
         mdir.mkdir()
         os.chmod(mdir, 0o755)  # munged refuses a socket directory of mode 0700
         key = mdir / "munge.key"
-        system_key = Path("/etc/munge/munge.key")
-        try:
-            data = system_key.read_bytes()
-        except OSError:
-            data = b""
-        if len(data) >= 32:
-            key.write_bytes(data)
-        else:
-            mungekey = find_program("mungekey")
-            done = mungekey is not None and subprocess.run(
-                [mungekey, "--create", "--keyfile", str(key)], capture_output=True,
-                timeout=30, check=False).returncode == 0 and key.exists()
-            if not done:
-                key.write_bytes(os.urandom(1024))
-        os.chmod(key, 0o400)
+        self._make_munge_key(key)
+        self.munge_key = key
         self.munge_socket = mdir / "munge.sock"
         log = mdir / "munged.log"   # munged --foreground logs to stderr instead
         self._spawn("munged", [find_program("munged") or "munged", "--foreground",
@@ -231,6 +219,20 @@ class LocalCluster:
                                f"--pid-file={mdir / 'munged.pid'}", f"--log-file={log}",
                                f"--seed-file={mdir / 'munged.seed'}"])
         self._wait_for(lambda: self.munge_socket.exists(), 15, "munged socket")
+
+    @staticmethod
+    def _make_munge_key(key: Path) -> None:
+        """A key of this cluster's own (never the host's ``/etc/munge/munge.key``: a test
+        cluster must not be able to mint credentials the host's Slurm would accept):
+        ``mungekey --create``, or 1024 random bytes where mungekey is missing (munge < 0.5.14).
+        Mode 0400, as munged requires."""
+        mungekey = find_program("mungekey")
+        made = mungekey is not None and subprocess.run(
+            [mungekey, "--create", f"--keyfile={key}"], capture_output=True, timeout=30,
+            check=False).returncode == 0 and key.exists()
+        if not made:
+            key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
 
     def _write_conf(self) -> None:
         assert self.dir is not None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hpcai.slurm.nodelist import expand_hostlist, parse_tasks_per_node
-from hpcai.launcher.rankenv import from_environ, rendezvous_port, torch_env
+from hpcai.launcher.rankenv import (PORT_BASE, PORT_SPAN, from_environ, rendezvous_port,
+                                    torch_env)
 
 
 def test_openmpi_env():
@@ -48,14 +51,61 @@ def test_batch_script_is_not_a_rank():
     assert from_environ({}) is None
 
 
-def test_ports_differ_between_concurrent_jobs_and_steps():
-    ports = {rendezvous_port(f"slurm:{job}.{step}") for job in range(1000, 2400)
-             for step in range(4)}
-    assert len(ports) == 1400 * 4
-    assert all(20000 <= p < 32000 for p in ports)
+def test_every_step_of_a_job_has_its_own_port():
+    """Used to repeat every 8 steps (the step was taken modulo 8)."""
+    for job in (1, 4711, 9_999_999):
+        ports = [rendezvous_port(f"slurm:{job}.{step}") for step in range(PORT_SPAN)]
+        assert len(set(ports)) == PORT_SPAN
+        assert min(ports) == PORT_BASE and max(ports) == PORT_BASE + PORT_SPAN - 1 < 32768
+    assert rendezvous_port("slurm:4711.0") != rendezvous_port("slurm:4711.8")
+
+
+def test_the_same_step_of_two_jobs_collides_only_a_span_apart():
+    for step in (0, 1, 7):
+        ports = {rendezvous_port(f"slurm:{job}.{step}") for job in range(5000, 5000 + PORT_SPAN)}
+        assert len(ports) == PORT_SPAN
+    assert rendezvous_port("slurm:5.0") == rendezvous_port(f"slurm:{5 + PORT_SPAN}.0")
+
+
+@pytest.mark.parametrize("steps,window", [(8, 1151), (16, 440), (64, 102)])
+def test_nearby_jobs_do_not_collide_within_the_stated_window(steps, window):
+    """The docstring's bounds, checked on every pair (a shift of the job ids changes
+    nothing: the formula depends on their difference only)."""
+    base = 123_456
+    seen: dict[int, tuple[int, int]] = {}
+    for job in range(base, base + window):
+        for step in range(steps):
+            port = rendezvous_port(f"slurm:{job}.{step}")
+            assert port not in seen, (f"{job}.{step} and {seen[port]} share port {port}")
+            seen[port] = (job, step)
+    # and the window is tight: one more job id and two of these steps meet
+    clash = {rendezvous_port(f"slurm:{job}.{step}") for job in range(base, base + window + 1)
+             for step in range(steps)}
+    assert len(clash) < (window + 1) * steps
+
+
+def test_other_launchers_hash_into_the_same_range():
+    for key in ("ompi:123", "hydra-ppid:77", "abc"):
+        assert PORT_BASE <= rendezvous_port(key) < PORT_BASE + PORT_SPAN
 
 
 def test_hostlists():
     assert expand_hostlist("n[1-3],login1") == ("n1", "n2", "n3", "login1")
     assert expand_hostlist("gpu[01-02,10]") == ("gpu01", "gpu02", "gpu10")
     assert parse_tasks_per_node("2(x3),1") == (2, 2, 2, 1)
+
+
+def test_srun_kill_on_bad_exit_flag_is_read_from_srun_s_own_options():
+    from hpcai.slurm.step import flag_in_argv
+
+    program = ["--ranks-per-node", "2", "--", "train", "3dgan"]
+    line = ["srun", "--mpi=pmix", "-n", "2"]
+    for flags, said in ([], None), (["-K"], True), (["-K0"], False), (["-lK"], True), \
+            (["--kill-on-bad-exit"], True), (["--kill-on-bad-exit=0"], False), \
+            (["--kill-on-bad=1"], True), (["-K", "--kill-on-bad-exit=0"], False), \
+            (["-n2K"], None), (["-k"], None):
+        argv = [*line, *flags, "hpcai-launch", *program]
+        assert flag_in_argv(argv, program) is said, flags
+    # a -K of the program is not srun's
+    assert flag_in_argv([*line, "hpcai-launch", "--", "prog", "-K"],
+                        ["--", "prog", "-K"]) is None

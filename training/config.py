@@ -2,6 +2,9 @@
 
 Everything that can be wrong with it is found here, before MPI starts and before anything is
 written: the data directory and its HDF5 layout, the output directory, the comm backend.
+:func:`check_command` parses a ``train``/``hpcai-train``/``python -m hpcai.training``
+command line without running it, so ``hpcai-launch``, ``sbatch`` and ``sweep`` refuse a
+usage error once, before any rank starts. Importing this module imports no framework.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import argparse
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..core.errors import UserError
 
@@ -25,6 +30,10 @@ DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
     "resnet50": (32, 0.0125, "sgd"),
     "resnet-tiny": (16, 0.0125, "sgd"),
 }
+IMAGE_DEFAULTS = {"samples": 256, "image_size": 224, "classes": 1000}   # ResNet only
+BUCKET_MB = 4.0
+TRAIN_PROGRAMS = ("train", "hpcai-train")
+TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")
 
 
 @dataclass(frozen=True)
@@ -32,11 +41,11 @@ class TrainConfig:
     model: str
     out: str
     epochs: int = 2
-    batch_size: int = 0               # 0: the model's default
-    lr: float = 0.0                   # 0: the model's default; scaled by world size
+    batch_size: int = 16              # per rank; parse() puts the model's default
+    lr: float = 1e-3                  # per rank, scaled by world size; parse(): model default
     lr_scaling: str = "linear"
     warmup_epochs: float = 0.0
-    optimizer: str = ""
+    optimizer: str = "adam"           # parse(): the model's default
     data: str | None = None
     generate_events: int = 0          # >0: generate this many showers into OUT/data first
     samples: int = 256                # synthetic images per epoch (ResNet)
@@ -44,7 +53,7 @@ class TrainConfig:
     classes: int = 1000
     comm: str = "mpi"
     framework: str = "pytorch"
-    bucket_mb: float = 4.0
+    bucket_mb: float = BUCKET_MB
     overlap: bool = True
     verify_every: int = 50
     bn: str = "local"
@@ -79,24 +88,30 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("model", choices=MODELS)
     p.add_argument("--out", default="out", help="output directory (logs, checkpoints)")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=0, help="per rank")
-    p.add_argument("--lr", type=float, default=0.0,
-                   help="per-rank base learning rate (multiplied by the world size)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="per rank (default: 3dgan 16, resnet50 32, resnet-tiny 16)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="per-rank base learning rate (multiplied by the world size; "
+                        "default: the model's)")
     p.add_argument("--lr-scaling", choices=("linear", "none"), default="linear")
-    p.add_argument("--warmup-epochs", type=float, default=0.0)
-    p.add_argument("--optimizer", choices=("adam", "rmsprop", "sgd"), default="")
+    p.add_argument("--warmup-epochs", type=float, default=0.0, help="0: no warm-up")
+    p.add_argument("--optimizer", choices=("adam", "rmsprop", "sgd"), default=None,
+                   help="default: adam for 3dgan, sgd for the ResNets")
     p.add_argument("--data", help="directory of Ele*_*.h5 files (3dgan)")
     p.add_argument("--generate", type=int, default=0, metavar="EVENTS",
                    help="first generate EVENTS synthetic showers into OUT/data (3dgan)")
-    p.add_argument("--samples", type=int, default=256, help="synthetic images (resnet)")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--samples", type=int, default=None,
+                   help="synthetic images (resnet; default 256)")
+    p.add_argument("--image-size", type=int, default=None, help="resnet; default 224")
+    p.add_argument("--classes", type=int, default=None, help="resnet; default 1000")
     p.add_argument("--comm", choices=COMMS, default="mpi",
                    help="gradient allreduce: mpi (hpcai's fused buckets over mpi4py), gloo "
                         "(torch.distributed, PyTorch only) or horovod (if built)")
     p.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
                    help="tensorflow: the Keras 3 models, trained by the same engine")
-    p.add_argument("--bucket-mb", type=float, default=4.0, help="allreduce fusion bucket")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help=f"allreduce fusion bucket (default {BUCKET_MB:g}; not with TensorFlow "
+                        "and --comm horovod, where Horovod fuses)")
     p.add_argument("--no-overlap", action="store_true",
                    help="blocking allreduce after backward instead of overlapping it")
     p.add_argument("--verify-every", type=int, default=50,
@@ -104,12 +119,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--bn", choices=("local", "average"), default="local",
                    help="BatchNorm running stats: per rank, or averaged over ranks each epoch")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: per epoch)")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (0: all)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--peak-gflops", type=float, default=0.0,
-                   help="per-rank peak to divide by (default: measure with a GEMM probe)")
-    p.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (tests)")
+                   help="per-rank peak to divide by (default 0: measure with a GEMM probe)")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="cap steps per epoch (tests; 0: no cap)")
     p.add_argument("--channels-first", action="store_true",
                    help="keep NCDHW/NCHW memory layout (default: channels-last, which ran "
                         "1.3x (3DGAN) and 1.15x (ResNet50) faster on this CPU)")
@@ -120,15 +136,21 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> TrainConfig:
+    """The ``train`` command line, checked (:func:`check_options`, :func:`check_numbers`);
+    an option left out takes the model's default."""
     ns = make_parser().parse_args(argv)
+    check_options(ns)
     batch, lr, opt = DEFAULTS[ns.model]
+    image = {key: getattr(ns, key) if getattr(ns, key) is not None else value
+             for key, value in IMAGE_DEFAULTS.items()}
     cfg = TrainConfig(
-        model=ns.model, out=ns.out, epochs=ns.epochs, batch_size=ns.batch_size or batch,
-        lr=ns.lr or lr, lr_scaling=ns.lr_scaling, warmup_epochs=ns.warmup_epochs,
-        optimizer=ns.optimizer or opt, data=ns.data, generate_events=ns.generate,
-        samples=ns.samples, image_size=ns.image_size, classes=ns.classes, comm=ns.comm,
-        framework=ns.framework,
-        bucket_mb=ns.bucket_mb, overlap=not ns.no_overlap, verify_every=ns.verify_every,
+        model=ns.model, out=ns.out, epochs=ns.epochs,
+        batch_size=batch if ns.batch_size is None else ns.batch_size,
+        lr=lr if ns.lr is None else ns.lr, lr_scaling=ns.lr_scaling,
+        warmup_epochs=ns.warmup_epochs, optimizer=ns.optimizer or opt, data=ns.data,
+        generate_events=ns.generate, **image, comm=ns.comm, framework=ns.framework,
+        bucket_mb=BUCKET_MB if ns.bucket_mb is None else ns.bucket_mb,
+        overlap=not ns.no_overlap, verify_every=ns.verify_every,
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
         seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
         channels_last=not ns.channels_first, prefetch=not ns.no_prefetch,
@@ -137,14 +159,91 @@ def parse(argv: list[str]) -> TrainConfig:
     return cfg
 
 
+def check_options(ns: argparse.Namespace) -> None:
+    """Options this model or framework would ignore are refused, not dropped."""
+    if ns.model == "3dgan":
+        for key in IMAGE_DEFAULTS:
+            if getattr(ns, key) is not None:
+                flag = "--" + key.replace("_", "-")
+                raise UserError(f"{flag} is for the ResNet models; 3dgan trains on showers",
+                                "leave it out; 3dgan reads --data DIR or --generate EVENTS")
+        if ns.data and ns.generate:
+            raise UserError("--data and --generate together: --generate would be ignored",
+                            "give one: --data DIR (Ele*_*.h5 files) or --generate EVENTS")
+    else:
+        for flag, value in (("--data", ns.data), ("--generate", ns.generate)):
+            if value:
+                raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
+                                "leave it out; --samples, --image-size and --classes shape "
+                                "the images")
+    if ns.bucket_mb is not None and ns.framework == "tensorflow" and ns.comm == "horovod":
+        raise UserError("--bucket-mb has no effect with --framework tensorflow --comm "
+                        "horovod: Horovod fuses the tensors itself",
+                        "leave it out (HOROVOD_FUSION_THRESHOLD sets Horovod's fusion "
+                        "buffer), or use --comm mpi")
+
+
 def check_numbers(cfg: TrainConfig) -> None:
-    for name, value in (("--epochs", cfg.epochs), ("--batch-size", cfg.batch_size)):
+    """Counts that must be positive and values that must not be negative. A 0 is never
+    read as "the default": ``--batch-size 0`` is an error, not the model's 16."""
+    positive = (("--epochs", cfg.epochs), ("--batch-size", cfg.batch_size),
+                ("--samples", cfg.samples),
+                ("--image-size", cfg.image_size), ("--classes", cfg.classes))
+    for name, value in positive:
         if value < 1:
             raise UserError(f"{name} must be at least 1, got {value}", f"give {name} 1 or more")
     if cfg.lr <= 0:
-        raise UserError(f"--lr must be positive, got {cfg.lr}", "e.g. --lr 0.001")
+        raise UserError(f"--lr must be positive, got {cfg.lr:g}",
+                        "e.g. --lr 0.001, or leave it out for the model's default")
     if cfg.bucket_mb <= 0:
-        raise UserError("--bucket-mb must be positive", "e.g. --bucket-mb 4")
+        raise UserError(f"--bucket-mb must be positive, got {cfg.bucket_mb:g}",
+                        "e.g. --bucket-mb 4")
+    not_negative = (("--generate", cfg.generate_events), ("--verify-every", cfg.verify_every),
+                    ("--checkpoint-every", cfg.checkpoint_every),
+                    ("--max-steps", cfg.max_steps), ("--eval-samples", cfg.eval_samples),
+                    ("--seed", cfg.seed), ("--warmup-epochs", cfg.warmup_epochs),
+                    ("--peak-gflops", cfg.peak_gflops), ("--keep", cfg.keep))
+    for name, value in not_negative:
+        if value < 0:
+            raise UserError(f"{name} must not be negative, got {value:g}",
+                            f"give {name} 0 or more (train --help says what 0 means)")
+
+
+def train_arguments(command: Sequence[str]) -> list[str] | None:
+    """The arguments of an hpcai training command (``train …``, ``hpcai-train …``,
+    ``python -m hpcai.training …``), or None for any other command."""
+    if not command:
+        return None
+    name = os.path.basename(command[0])
+    if name in TRAIN_PROGRAMS:
+        return list(command[1:])
+    if re.fullmatch(r"python[0-9.]*", name) and len(command) >= 3 and command[1] == "-m" \
+            and command[2] in TRAIN_MODULES:
+        return list(command[3:])
+    return None
+
+
+def check_command(command: Sequence[str], program: str | None = None) -> TrainConfig | None:
+    """Parse a training command's arguments as every rank would, without running it: a
+    usage error or a bad number is a :class:`UserError` naming the command. None for other
+    commands, for ``--help``, and when ``program`` (the file ``command[0]`` resolves to) is
+    readable and is not hpcai's entry point (someone else's ``train``). Nothing is read but
+    ``program``: the data and output directories are the ranks' to check."""
+    args = train_arguments(command)
+    if args is None or "-h" in args or "--help" in args:
+        return None
+    if program is not None and os.path.basename(command[0]) in TRAIN_PROGRAMS:
+        try:
+            with open(program, "rb") as f:
+                if b"hpcai.training" not in f.read(4096):
+                    return None
+        except OSError:
+            pass
+    try:
+        return parse(args)
+    except UserError as exc:
+        what = " ".join(command[:len(command) - len(args)])
+        raise UserError(f"{what}: {exc.message}", exc.hint) from None
 
 
 def check_output_dir(out: Path) -> None:
