@@ -11,24 +11,23 @@ In the last two the ranks run ``hpcai-launch`` again, which then plans in ``rank
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import flavours
 from ..core.errors import UserError
-from .abi import SYSTEM_LIBDIRS
-from .flavours import Flavour, MpiInstall
-from .hosts import parse_hosts
-from .facts import Facts, choose_mode
-from .options import Options
-from .placement import Placement, plan_placement, thread_env
-from .rankenv import RankInfo, in_slurm_step, torch_env
-from .containers import HOST_MOUNT, get_runtime
-from .topology import Topology
 from ..slurm import pmi
 from ..slurm.srun import SrunStep, srun_argv
+from . import flavours
+from .abi import SYSTEM_LIBDIRS
+from .containers import HOST_MOUNT, get_runtime
+from .facts import Facts, choose_mode
+from .flavours import MpiInstall
+from .hosts import parse_hosts
+from .options import Options
+from .placement import Placement, plan_placement, thread_env
+from .rankenv import RankInfo, torch_env
+from .topology import Topology
 
 if TYPE_CHECKING:
     from .containerplan import ContainerFacts
