@@ -124,6 +124,12 @@ class LaunchPlan:
                 lines.append(f"  host libraries {where} {c.staged}, bound at {HOST_MOUNT} "
                              f"({how}):")
                 lines.extend(f"    {lib.name} <- {lib.path}" for lib in c.libs)
+            rt = get_runtime(c.runtime)
+            lines.append("  env:     " + (
+                f"{', '.join(rt.explicit_env)}: given as {rt.env_flag} NAME=VALUE where "
+                f"planned ({c.runtime} does not import LD_LIBRARY_PATH); the rest of the "
+                "rank's environment passes through" if rt.env_flag else
+                "the rank's environment passes through, LD_LIBRARY_PATH included"))
         lines.append("argv:")
         lines.append("  " + " ".join(_quote(a) for a in self.argv))
         lines.extend(f"note:      {n}" for n in self.notes)

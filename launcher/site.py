@@ -10,7 +10,8 @@ pmi = "pmi2"                         # srun --mpi= plugin the site's MPI needs
 expected_libmpi = "/lrz/sys/intel/"  # validation fails unless the ranks' libmpi is under this
 cores_per_node = 48                  # integer: cores (not hardware threads) per node
 threads_per_core = 2                 # integer: hardware threads per core (srun counts them)
-binds = ["/lrz/sys/", "/hppfs/work:/work"]   # extra read-only binds, "SRC[:DST]", absolute
+binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw]", absolute;
+                                              # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
 search_dirs = ["/usr/lib64"]                 # where to resolve host libraries' dependencies
 
@@ -178,6 +179,8 @@ def _check(key: str, value: object, path: str):
 
 def _check_bind(item: str, path: str, example: str) -> None:
     parts = item.split(":")
+    if len(parts) > 1 and parts[-1] in ("ro", "rw"):
+        parts.pop()
     if len(parts) > 2 or not all(p.startswith("/") for p in parts):
         raise UserError(f"site profile {path}: bind {item!r} is not SRC[:DST] with absolute "
-                        "paths", f"for example: {example}")
+                        "paths, optionally :ro or :rw", f"for example: {example}")

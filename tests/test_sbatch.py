@@ -27,7 +27,7 @@ SPECS = {
                             binds=("/hppfs/work",)),
     "singularity": JobSpec(command=TRAIN, nodes=2, ranks_per_node=4, threads_per_rank=12,
                            mpi="mpich", container="/scratch/images/hpcai.sif",
-                           runtime="singularity", partition="test",
+                           runtime="singularity", binds=("/hppfs/work",), partition="test",
                            job_name="3dgan 'quoted' name"),
     "lrz-768nodes": JobSpec(command=TRAIN, nodes=768, ranks_per_node=4, threads_per_rank=12,
                             time="00:30:00", partition="general", account="pn68xi",
