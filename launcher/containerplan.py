@@ -5,6 +5,8 @@ present, host MPI found, ABI families equal, every bound library's glibc needs m
 image, the PMI plugin available in srun - then stages the host libraries (read-only copies
 in a content-addressed cache directory, bound read-only at ``/opt/hpcai/host``). The outer
 hpcai-launch does this once and hands the staged directory to the ranks (``--host-libs``).
+``spec`` refuses a read-only bind that the runtime cannot make read-only (Charliecloud with
+an image that lacks the helper of :mod:`.readonly`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ContainerFacts:
     site: SiteProfile | None = None
     checks: tuple[str, ...] = field(default=())
     has_command: bool = True             # the command exists in the image (or cannot tell)
+    has_helper: bool = True              # the runtime's read-only helper too (or cannot tell)
     copied: bool = True                  # False: --dry-run, ``staged`` not made
 
     def to_dict(self) -> dict:
@@ -63,13 +66,15 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
                   f"({info.mpi_soname or '-'}), glibc {preflight.format_version(info.glibc)}")
     site = SiteProfile.load(site_path) if site_path else SiteProfile.from_env(env)
     found = image_has_command(image, command) if command else True
+    helper = containers.get_runtime(runtime).read_only_helper
+    has_helper = image_has_module(image, helper) if helper else False
     if host_libs:                       # the outer hpcai-launch staged them already
         if not Path(host_libs).is_dir():
             raise UserError(f"--host-libs {host_libs} does not exist",
                             "let hpcai-launch start the ranks, or leave --host-libs out")
         return ContainerFacts(runtime, binary, image, info, None, host_libs,
                               tuple(staged_libs(Path(host_libs))), site, tuple(checks),
-                              has_command=found)
+                              has_command=found, has_helper=has_helper)
     if family is None and launcher is None:   # a rank started by srun: its PMI tells
         implied = abi.family_for_pmi(env.get("SLURM_MPI_TYPE", ""))
         family = implied.name if implied else None
@@ -77,7 +82,7 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     if bind_host_mpi is False or (bind_host_mpi is None and host is None):
         checks.append("host MPI not bound" + ("" if host else ": none found"))
         return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks),
-                              has_command=found)
+                              has_command=found, has_helper=has_helper)
     if host is None:
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
@@ -100,7 +105,8 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     cache = Path(cache_dir).expanduser()
     staged = str(hostlibs.stage(libs, cache) if stage else hostlibs.stage_dir(libs, cache))
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
-                          tuple(checks), has_command=found, copied=stage)
+                          tuple(checks), has_command=found, has_helper=has_helper,
+                          copied=stage)
 
 
 def _search_dirs(env: dict[str, str]) -> list[str]:
@@ -110,7 +116,8 @@ def _search_dirs(env: dict[str, str]) -> list[str]:
 
 def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
          env: dict[str, str]) -> ContainerSpec:
-    """The container for every rank (pure)."""
+    """The container for every rank (pure). UserError if a read-only bind cannot be made
+    read-only (see :func:`check_read_only`)."""
     binds: list[Bind] = []
     if facts.staged:
         binds.append(Bind(facts.staged, HOST_MOUNT, read_only=True))
@@ -119,9 +126,26 @@ def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
         binds.append(parse_bind(text, read_only_default=True))    # site: host trees
     for text in extra_binds:
         binds.append(parse_bind(text, read_only_default=False))   # user: data, output
+    check_read_only(facts, binds)
     return ContainerSpec(runtime=facts.runtime, binary=facts.binary, image=facts.image,
                          binds=tuple(binds), workdir=WORK_MOUNT,
                          env=tuple(sorted(container_env(facts, env).items())))
+
+
+def check_read_only(facts: ContainerFacts, binds: list[Bind]) -> None:
+    """Refuse read-only binds that the runtime cannot make read-only (no ``:ro`` of its
+    own, and its helper is not in the image): never drop ``:ro`` silently."""
+    read_only = [b.target for b in binds if b.read_only]
+    rt = containers.get_runtime(facts.runtime)
+    if not read_only or rt.read_only_suffix or facts.has_helper:
+        return
+    what = (f"image {facts.image} has no python3 with {rt.read_only_helper}"
+            if rt.read_only_helper else "it has no read-only bind")
+    raise UserError(f"{rt.name} binds read-write, and {what} to make {', '.join(read_only)} "
+                    "read-only",
+                    "rebuild the image with charliecloud/build-image.sh (it installs hpcai), "
+                    "or bind them read-write: SRC:DST:rw in --bind and the site profile, "
+                    "--no-bind-host-mpi for the host libraries")
 
 
 def parse_bind(text: str, read_only_default: bool) -> Bind:
@@ -162,6 +186,17 @@ def staged_libs(staged: Path) -> list:
             role = "mpi" if not subdir and abi.family_of_soname(path.name) else "dependency"
             found.append(hostlibs.LibFile(str(path), path.name, role, subdir))
     return found
+
+
+def image_has_module(image: str, module: str) -> bool:
+    """For directory images: has the image a ``python3`` and ``module`` in one of its
+    system Python directories?"""
+    root = Path(image)
+    if not root.is_dir():
+        return True   # SquashFS/SIF: cannot look inside cheaply; the helper will say
+    rel = module.replace(".", "/") + ".py"
+    return image_has_command(image, "python3") and any(
+        any(root.glob(f"{lib}/python3*/*-packages/{rel}")) for lib in ("usr/lib", "usr/local/lib"))
 
 
 def image_has_command(image: str, command: str) -> bool:

@@ -297,11 +297,12 @@ def stage(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
     """The staged directory ``<cache_root>/hostlibs/<key>``; the libraries are in its
     ``lib/`` (plugins in ``lib/<subdir>/``), each under its exposed name.
 
-    Files are read-only copies (mode 0444), never hard links: Charliecloud 0.31 has no
-    read-only bind, and a hard link would let a write inside the container reach the host's
-    real library. The directory is built under a temporary name and renamed into place, so
-    it is either complete or absent; an existing one is reused. Bind the returned directory
-    read-only at the mount point given to :func:`binding_env`.
+    Files are copies (mode 0444), never hard links: a hard link would share its inode with
+    the host's real library, so a write to the cache would reach it. The directory is built
+    under a temporary name and renamed into place, so it is either complete or absent; an
+    existing one is reused. Bind the returned directory read-only at the mount point given
+    to :func:`binding_env` (mode 0444 does not stop the owner, who may chmod, nor root: the
+    bind itself must be read-only, see :mod:`.containers`).
     """
     final = stage_dir(libs, cache_root)
     base = final.parent

@@ -117,12 +117,11 @@ class LaunchPlan:
             c = self.container
             lines.append(f"container: {c.runtime} {c.image}")
             lines.extend(f"  check:   {text}" for text in c.checks)
+            lines.append(f"  read-only binds: {get_runtime(c.runtime).read_only_how}")
             if c.staged:
                 where = "staged in" if c.copied else "to be staged in (dry run: not copied)"
-                how = ("read-only" if get_runtime(c.runtime).read_only_suffix else
-                       "read-write: this runtime has no read-only bind; the copies are 0444")
-                lines.append(f"  host libraries {where} {c.staged}, bound at {HOST_MOUNT} "
-                             f"({how}):")
+                lines.append(f"  host libraries {where} {c.staged}, bound read-only at "
+                             f"{HOST_MOUNT}:")
                 lines.extend(f"    {lib.name} <- {lib.path}" for lib in c.libs)
             rt = get_runtime(c.runtime)
             lines.append("  env:     " + (
@@ -158,6 +157,8 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
             raise UserError(f"command not found in image {facts.container.image}: "
                             f"{options.command[0]!r}",
                             "check the spelling, or give the absolute path inside the image")
+        from .containerplan import spec
+        spec(facts.container, options.binds, facts.cwd, facts.env)   # binds refused here
     elif facts.command_path is None:
         raise UserError(f"command not found: {options.command[0]!r}",
                         "check the spelling and PATH, or give an absolute path")

@@ -1,18 +1,23 @@
-"""Golden command lines for ranks in Charliecloud and Singularity, from injected facts."""
+"""Golden command lines for ranks in Charliecloud and Singularity, from injected facts; which
+mounts the read-only helper remounts."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hpcai.launcher.containerplan import ContainerFacts, container_env, spec
+from hpcai.core.errors import UserError
+from hpcai.launcher.containerplan import ContainerFacts, container_env, image_has_module, spec
 from hpcai.launcher.containers import wrap
 from hpcai.launcher.hostlibs import LibFile
 from hpcai.launcher.options import Options
+from hpcai.launcher.readonly import to_remount
 from hpcai.launcher.facts import Facts
+from hpcai.launcher.flavours import OPENMPI, MpiInstall
 from hpcai.launcher.plan import build_plan
 from hpcai.launcher.rankenv import RankInfo
 from hpcai.launcher.site import SiteProfile
@@ -27,6 +32,7 @@ LIBS = (
             "libfabric"),
     LibFile("/usr/lib64/libpsm2.so.2.2", "libpsm2.so.2", "fabric"),
 )
+OPENMPI_INSTALL = MpiInstall(OPENMPI, "/usr/bin/mpirun", "4.1.4", "/usr/lib", "test")
 SITE = SiteProfile.load(Path(__file__).parent / "data" / "site-lrz.toml")
 
 
@@ -66,11 +72,71 @@ def test_rank_command_line_matches_golden(runtime):
 
 
 def test_charliecloud_joins_ranks_of_a_node_and_binds_host_libs_read_only():
+    """ch-run -b is read-write: the read-only helper runs first, with ch-run's join (one
+    namespace for the ranks of a node), every read-only target (host libraries, site trees,
+    the user's :ro) and the read-write ones to keep."""
     argv = _rank_plan("charliecloud").argv
     assert argv[:3] == ("/usr/bin/ch-run", "--join-ct=4", "--join-tag=hpcai-slurm:4242.0-1")
     assert f"{STAGED}:/opt/hpcai/host" in argv
-    assert argv[-6:] == ("/scratch/images/hpcai-bookworm", "--", "python3", "-m",
-                         "hpcai.training", "3dgan")
+    image = argv.index("/scratch/images/hpcai-bookworm")
+    assert argv[image:] == ("/scratch/images/hpcai-bookworm", "--",
+                            "python3", "-m", "hpcai.launcher.readonly",
+                            "--join-tag", "hpcai-slurm:4242.0-1", "--join-ct", "4",
+                            "--rw", "/opt/hpcai/work", "--rw", "/hppfs/work",
+                            "/opt/hpcai/host", "/lrz/sys/", "/opt/hpcai/data",
+                            "--", "python3", "-m", "hpcai.training", "3dgan")
+
+
+def test_charliecloud_without_read_only_binds_runs_no_helper():
+    facts = replace(_facts("charliecloud"), staged=None, site=None)
+    argv = wrap(spec(facts, ("/scratch/out:/out",), "/w", {}), ("true",))
+    assert "hpcai.launcher.readonly" not in argv
+    assert argv[-3:] == ["/scratch/images/hpcai-bookworm", "--", "true"]
+
+
+def test_singularity_read_only_is_the_bind_suffix_and_no_helper():
+    argv = _rank_plan("singularity").argv
+    assert "hpcai.launcher.readonly" not in argv
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a == "-B"]
+    assert binds == [f"{STAGED}:/opt/hpcai/host:ro", "/home/user/run:/opt/hpcai/work",
+                     "/lrz/sys/:/lrz/sys/:ro", "/hppfs/work:/hppfs/work",
+                     "/scratch/ecal:/opt/hpcai/data:ro"]
+
+
+@pytest.mark.parametrize("binds, staged, refused", [
+    (("/scratch/ecal:/data:ro",), None, "/data"),
+    ((), STAGED, "/opt/hpcai/host"),
+    (("/scratch/out:/out", "/scratch/ecal:/data:rw"), None, None),
+])
+def test_read_only_bind_is_refused_when_the_image_lacks_the_helper(binds, staged, refused):
+    """Never drop :ro: without the helper in the image, a read-only bind is an error before
+    any rank starts (build_plan in the outer launcher), and a read-write one is not."""
+    container = replace(_facts("charliecloud"), staged=staged, site=None, has_helper=False)
+    facts = Facts(env={"PATH": "/usr/bin"}, topology=synthetic("core:4"), hostname="n1",
+                  self_argv=("hpcai-launch",), command_path=None, container=container,
+                  cwd="/home/user/run", mpi=OPENMPI_INSTALL)
+    options = Options(command=("python3", "-V"), ranks_per_node=2, container=container.image,
+                      binds=binds)
+    if refused is None:
+        assert build_plan(options, facts).mode == "mpirun"
+        return
+    with pytest.raises(UserError) as err:
+        build_plan(options, facts)
+    assert "binds read-write" in err.value.message and refused in err.value.message
+    assert "build-image.sh" in err.value.hint and "rw" in err.value.hint
+
+
+def test_image_has_module_looks_in_the_images_python(tmp_path):
+    assert not image_has_module(str(tmp_path), "hpcai.launcher.readonly")
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "bin" / "python3").write_text("")
+    (tmp_path / "usr" / "bin" / "python3").chmod(0o755)
+    module = tmp_path / "usr/local/lib/python3.11/dist-packages/hpcai/launcher/readonly.py"
+    module.parent.mkdir(parents=True)
+    assert not image_has_module(str(tmp_path), "hpcai.launcher.readonly")
+    module.write_text("")
+    assert image_has_module(str(tmp_path), "hpcai.launcher.readonly")
+    assert image_has_module(str(tmp_path / "image.sqfs"), "hpcai.launcher.readonly")
 
 
 def test_singularity_gets_library_path_explicitly_and_never_containall():
@@ -98,3 +164,15 @@ def test_container_env_points_inside_and_carries_the_site_env():
 def test_wrap_without_join_for_a_single_rank():
     s = spec(_facts("charliecloud"), (), "/w", {})
     assert "--join-ct=1" not in wrap(s, ("true",), join_ct=1)
+
+
+def test_to_remount_takes_submounts_but_leaves_read_write_binds_inside():
+    points = ["/", "/opt/hpcai/host", "/data", "/data/sub", "/data/out", "/data/out/x",
+              "/database"]
+    assert to_remount(["/data"], ["/data/out", "/opt/hpcai/work"], points) == [
+        "/data", "/data/sub"]
+    assert to_remount(["/opt/hpcai/host", "/data"], [], points) == [
+        "/opt/hpcai/host", "/data", "/data/sub", "/data/out", "/data/out/x"]
+    # a read-only bind inside a read-write one inside a read-only one
+    assert to_remount(["/data", "/data/out/x"], ["/data/out"], points) == [
+        "/data", "/data/sub", "/data/out/x"]
