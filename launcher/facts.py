@@ -41,6 +41,7 @@ class Facts:
     rank: RankInfo | None = None
     container: ContainerFacts | None = None
     cwd: str = "/"
+    pmi: pmi.PmiClient = pmi.PmiClient()         # PMI client library of a bare job
 
 
 def choose_mode(options: Options, env: dict[str, str],
@@ -100,7 +101,24 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
                  self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
                  uid=os.getuid(), free_port=port, mpi=mpi,
                  cache_dir=cache_dir,
-                 rank=info, container=container, cwd=os.getcwd())
+                 rank=info, container=container, cwd=os.getcwd(),
+                 pmi=_pmi_client(mode, info, mpi, env) if container is None
+                 else pmi.PmiClient())
+
+
+def _pmi_client(mode: str, info: RankInfo | None, mpi: MpiInstall | None,
+                env: dict[str, str]) -> pmi.PmiClient:
+    """Slurm's PMI client library (host path) for an MPI that loads it by path, in a job
+    without a container: a rank of an srun step (the plugin srun used), or hpcai-launch
+    starting srun itself (the flavour's plugin; srun hands the env to the ranks)."""
+    if mpi is None:
+        return pmi.PmiClient()
+    if mode == "rank":
+        plugin = pmi.step_plugin(env) if info is not None and info.started_by == "slurm" \
+            else None
+    else:
+        plugin = mpi.flavour.srun_mpi if mode == "srun" else None
+    return pmi.client(mpi.flavour.name, plugin, env, None)
 
 
 def _free_port(socket_module) -> int:
