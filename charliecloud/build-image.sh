@@ -17,6 +17,8 @@
 #            HPCAI_IMAGE_HOROVOD_WHEEL names one (scripts/build-horovod.sh
 #            builds and caches it; same Python 3.11, torch and Open MPI ABI)    (.stamp-python)
 #   project  this repository's package, non-editable, --no-deps                 (.stamp-project)
+# Then, every run: empty /etc/hosts and /etc/resolv.conf where missing (ch-run binds the
+# host's name resolution only onto files the image has).
 # A layer is rebuilt only when its hash changed (the base layer's recipe; requirements.txt and
 # the python layer's recipe; the tracked sources), so an unchanged image costs a hash check.
 # Every run ends with DIR/opt/hpcai/manifest.json up to date.
@@ -289,6 +291,18 @@ if ((FORCE)) || [ "$(stamp project)" != "$SRC_HASH" ]; then
 else
   say "project: up to date ($SRC_HASH)"
 fi
+
+# ---------------------------------------------------------------- name resolution
+# ch-run binds the host's /etc/hosts and /etc/resolv.conf only onto files the image has; a
+# debootstrap root has no /etc/hosts, so neither localhost nor the node names resolved in
+# the container. Empty files make every ch-run use the node's own (outside the layers: a
+# cached image gets them too without a rebuild).
+for f in /etc/hosts /etc/resolv.conf; do
+  if [ ! -e "$IMG$f" ]; then
+    : >"$IMG$f"
+    say "name resolution: empty $f (ch-run binds the host's over it)"
+  fi
+done
 
 # ---------------------------------------------------------------- manifest
 if ((changed)) || [ ! -s "$META/manifest.json" ]; then

@@ -95,6 +95,8 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         checks.append(f"ABI: host {host.family} = image {info.mpi_family or 'none'}")
     search = _search_dirs(env)
     libs = hostlibs.collect(host, search, set(info.sonames), site)
+    plugin = srun_pmi or (pmi.step_plugin(env) if in_rank else None)
+    libs += _pmi_library(host.name, plugin, env, site, checks)
     if info.glibc:
         preflight.check_glibc(libs, info.glibc)
         checks.append(f"glibc: {len(libs)} bound libraries need at most the image's "
@@ -107,6 +109,22 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
                           tuple(checks), has_command=found, has_helper=has_helper,
                           copied=stage)
+
+
+def _pmi_library(implementation: str, plugin: str | None, env: dict[str, str],
+                 site: SiteProfile | None, checks: list[str]) -> list:
+    """Slurm's PMI client library, when the host MPI loads one under ``plugin`` (Intel MPI
+    under pmi2): staged in ``lib/pmi/`` with the rest, read-only."""
+    lib = pmi.library_for(implementation, plugin)
+    if lib is None:
+        return []
+    path = pmi.find_library(lib, env, site)
+    if path is None:
+        checks.append(f"PMI: {pmi.not_found(lib, env, site)}")
+        return []
+    checks.append(f"PMI: {lib.title} under srun --mpi={plugin} loads {path} "
+                  f"({lib.env_var})")
+    return [hostlibs.LibFile(os.path.realpath(path), lib.sonames[0], "pmi", pmi.PMI_SUBDIR)]
 
 
 def _search_dirs(env: dict[str, str]) -> list[str]:
@@ -168,6 +186,7 @@ def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
     if not facts.staged:
         return out
     bound = hostlibs.binding_env(HOST_MOUNT, list(facts.libs))
+    bound.update(pmi.staged_env(f"{HOST_MOUNT}/lib", [(x.subdir, x.name) for x in facts.libs]))
     current = env.get("LD_LIBRARY_PATH", "")
     if current:
         bound["LD_LIBRARY_PATH"] = f"{bound['LD_LIBRARY_PATH']}:{current}"

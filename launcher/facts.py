@@ -46,6 +46,7 @@ class Facts:
     cwd: str = "/"
     site: SiteProfile | None = None
     srun_kills_on_bad_exit: bool | None = None   # rank 0 of an srun step; None: cannot tell
+    pmi: pmi.PmiClient = pmi.PmiClient()         # PMI client library of a bare job
 
 
 def choose_mode(options: Options, env: dict[str, str],
@@ -110,7 +111,9 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
                  uid=os.getuid(), free_port=port, mpi=mpi,
                  cache_dir=cache_dir,
                  rank=info, container=container, cwd=os.getcwd(), site=site,
-                 srun_kills_on_bad_exit=kills)
+                 srun_kills_on_bad_exit=kills,
+                 pmi=_pmi_client(mode, info, mpi, env) if container is None
+                 else pmi.PmiClient())
 
 
 def _topology(options: Options, env: dict[str, str]) -> Topology:
@@ -123,6 +126,21 @@ def _topology(options: Options, env: dict[str, str]) -> Topology:
     except UserError as exc:
         raise UserError(f"HPCAI_TOPOLOGY: {exc.message}",
                         f"{exc.hint}; or unset HPCAI_TOPOLOGY") from None
+
+
+def _pmi_client(mode: str, info: RankInfo | None, mpi: MpiInstall | None,
+                env: dict[str, str]) -> pmi.PmiClient:
+    """Slurm's PMI client library (host path) for an MPI that loads it by path, in a job
+    without a container: a rank of an srun step (the plugin srun used), or hpcai-launch
+    starting srun itself (the flavour's plugin; srun hands the env to the ranks)."""
+    if mpi is None:
+        return pmi.PmiClient()
+    if mode == "rank":
+        plugin = pmi.step_plugin(env) if info is not None and info.started_by == "slurm" \
+            else None
+    else:
+        plugin = mpi.flavour.srun_mpi if mode == "srun" else None
+    return pmi.client(mpi.flavour.name, plugin, env, None)
 
 
 def _free_port(socket_module) -> int:

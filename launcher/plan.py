@@ -309,6 +309,8 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     nodes = options.nodes or _int_or_none(facts.env.get("SLURM_JOB_NUM_NODES")
                                           or facts.env.get("SLURM_NNODES"))
     env, links, notes = _global_env(options, facts, "", placement)
+    env.update(facts.pmi.env)          # srun hands it to the ranks
+    notes += [facts.pmi.note] if facts.pmi.note else []
     if not env["MASTER_ADDR"]:
         del env["MASTER_ADDR"]   # each rank takes the step's first node
     del env["MASTER_PORT"]       # each rank derives it from the job and step id
@@ -334,6 +336,8 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
     if options.ranks_per_node is not None and options.ranks_per_node != info.local_size:
         raise _mismatch_error(options, facts, info)
     placement = _placement(options, facts.topology, info.local_size)
+    if info.started_by == "slurm" and facts.mpi is not None:
+        _check_step_pmi(options, facts, info, placement)
     if info.local_rank >= placement.ranks_per_node:
         raise UserError(f"local rank {info.local_rank} outside the {placement.ranks_per_node} "
                         "planned ranks per node", "check the launcher's ranks per node")
@@ -354,7 +358,8 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
         lib_env, links, lib_notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
         env.update(lib_env)
         notes += lib_notes
-    warnings: list[str] = []
+    env.update(facts.pmi.env)          # e.g. I_MPI_PMI_LIBRARY: Slurm's libpmi2 on the host
+    warnings: list[str] = [facts.pmi.note] if facts.pmi.note else []
     has_pmi = any(key in facts.env for key in ("PMIX_RANK", "PMI_RANK", "PMI_FD"))
     if info.started_by == "slurm" and info.size > 1 and not has_pmi:
         warnings.append("srun started the ranks without a PMI plugin (--mpi=none): MPI "
@@ -376,6 +381,20 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
                       bind_cpus=None if synthetic else placement.slot(info.local_rank).cpus,
                       mpi=facts.mpi, compat_links=links, notes=tuple(notes),
                       container=facts.container, warnings=tuple(warnings))
+
+
+def _check_step_pmi(options: Options, facts: Facts, info: RankInfo,
+                    placement: Placement) -> None:
+    """The plugin srun started this rank with must be the one hpcai would choose."""
+    assert facts.mpi is not None
+    site = facts.container.site if facts.container else None
+    needed = pmi.choose(None, site, facts.mpi.flavour.srun_mpi)
+    used = pmi.step_plugin(facts.env)
+    if pmi.step_mismatch(needed, used):
+        line = srun_line(options, needed, placement, facts.topology,
+                         len(info.nodes) or None, ("hpcai-launch",))
+        raise pmi.step_error(needed, used, facts.mpi.flavour.title,
+                             " ".join(_quote(a) for a in line))
 
 
 def _mismatch_error(options: Options, facts: Facts, info: RankInfo) -> UserError:

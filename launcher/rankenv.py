@@ -54,7 +54,10 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
     """The rank's identity, or None when no MPI launcher or srun started this process.
 
     ``ppid`` (the Hydra proxy) keys the rendezvous port for plain MPICH, which exports no
-    job id; it is node-local, so multi-node MPICH jobs need MASTER_PORT set.
+    job id; it is node-local, so multi-node MPICH jobs outside Slurm need MASTER_PORT set.
+    Inside a Slurm job, Hydra's proxies are one srun step: its job and step id key the port.
+    mpirun and mpiexec inside a Slurm job put rank 0 on the job's first node, so the job's
+    node list gives the rendezvous node as it does for srun.
     """
     if "OMPI_COMM_WORLD_RANK" in env:
         rank = _int(env, "OMPI_COMM_WORLD_RANK") or 0
@@ -66,15 +69,16 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
                         node_rank=_node_rank_blocked(rank, local_size),
                         started_by="openmpi",
                         job_key="ompi:" + env.get("OMPI_MCA_ess_base_jobid",
-                                                  env.get("PMIX_NAMESPACE", "")))
+                                                  env.get("PMIX_NAMESPACE", "")),
+                        nodes=_job_nodes(env))
     if "PMI_RANK" in env and "MPI_LOCALRANKID" in env:
         rank = _int(env, "PMI_RANK") or 0
         local_size = _int(env, "MPI_LOCALNRANKS") or 1
-        key = env.get("I_MPI_HYDRA_UUID") or f"hydra-ppid:{ppid}"
+        key = env.get("I_MPI_HYDRA_UUID") or _slurm_step_key(env) or f"hydra-ppid:{ppid}"
         return RankInfo(rank=rank, size=_int(env, "PMI_SIZE") or 1,
                         local_rank=_int(env, "MPI_LOCALRANKID") or 0, local_size=local_size,
                         node_rank=_node_rank_blocked(rank, local_size), started_by="hydra",
-                        job_key=key)
+                        job_key=key, nodes=_job_nodes(env))
     if in_slurm_step(env):
         node = _int(env, "SLURM_NODEID") or 0
         per_node = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE",
@@ -89,6 +93,20 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
                                 f"{env.get('SLURM_STEP_ID', env.get('SLURM_STEPID', '0'))}",
                         nodes=nodes)
     return None
+
+
+def _slurm_step_key(env: dict[str, str]) -> str | None:
+    """``slurm:JOB.STEP`` when this process belongs to a Slurm step (else None)."""
+    job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    return f"slurm:{job}.{step}" if job and step and step.isdigit() else None
+
+
+def _job_nodes(env: dict[str, str]) -> tuple[str, ...]:
+    """The nodes of the Slurm job this process runs in (empty outside Slurm)."""
+    try:
+        return expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
+    except ValueError:
+        return ()
 
 
 def _node_rank_blocked(rank: int, local_size: int) -> int:

@@ -8,7 +8,8 @@ The script asks Slurm for a warning signal before the time limit (``--signal=USR
 srun delivers it to every rank, the training engine checkpoints and exits 75, and the same
 script submitted again resumes (``--resume`` is added to ``train`` commands). Ranks are
 started by ``srun --mpi=<PMI of the MPI> --ntasks-per-node R --cpus-per-task T
---cpu-bind=cores`` or, where the site profile says so, ``mpiexec -n … -ppn R``; each runs
+--cpu-bind=cores`` or, where the site profile says so, ``mpiexec -n … -ppn R`` (Open MPI:
+``--map-by ppr:R:node``); each runs
 ``hpcai-launch`` as the per-rank wrapper, which places it on the compute node's real
 topology. Directives are sorted and every value is shell-quoted.
 """
@@ -113,9 +114,19 @@ def wrapper_argv(spec: JobSpec) -> list[str]:
 
 def launch_argv(spec: JobSpec) -> list[str]:
     if spec.launcher == "mpiexec":
-        return ["mpiexec", "-n", str(spec.nodes * spec.ranks_per_node), "-ppn",
-                str(spec.ranks_per_node), *wrapper_argv(spec)]
+        return ["mpiexec", "-n", str(spec.nodes * spec.ranks_per_node),
+                *per_node_args(spec), *wrapper_argv(spec)]
     return srun_argv(step(spec), wrapper_argv(spec))
+
+
+def per_node_args(spec: JobSpec) -> list[str]:
+    """Ranks per node in the site mpiexec's words: Hydra's ``-ppn R`` (MPICH, Intel MPI, and
+    an unknown MPI), Open MPI's ``--map-by ppr:R:node`` (it has no -ppn). Both read the
+    job's nodes from Slurm."""
+    hosts_style = flavours.get(spec.mpi).hosts_style if spec.mpi != "auto" else "ppn"
+    if hosts_style == "ppn":
+        return ["-ppn", str(spec.ranks_per_node)]
+    return ["--map-by", f"ppr:{spec.ranks_per_node}:node"]
 
 
 def step(spec: JobSpec) -> SrunStep:

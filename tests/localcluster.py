@@ -2,20 +2,26 @@
 
 ``LocalCluster`` creates a temporary directory, makes its own munge key there (never the
 host's) and writes a ``slurm.conf``, and starts ``munged``, ``slurmctld`` and one ``slurmd``
-per node, all on private ports bound to 127.0.0.1. Two shapes:
+per node, all on private ports bound to 127.0.0.1 (netns mode: to addresses inside its own
+namespaces). Three shapes:
 
 - ``LocalCluster()`` (``fake_nodes=0``): the real node, named after this host, with
   ``task/affinity`` so Slurm binds the tasks itself;
 - ``LocalCluster(fake_nodes=K, cpus_per_node=C)``: nodes ``n1`` .. ``nK``, each a
-  ``slurmd -N nX`` on this same machine (``task/none``: nobody but the program binds).
+  ``slurmd -N nX`` on this same machine (``task/none``: nobody but the program binds);
+- ``LocalCluster(fake_nodes=K, netns=True)``: the same nodes, each in network and UTS
+  namespaces of its own with its own address on a private bridge, host name = node name,
+  node names resolving to those addresses (``tests/netns.py``); slurmctld and every client
+  command run in the bridge's namespace (:meth:`LocalCluster.run` enters it), MPI is pinned
+  to the bridge's subnet instead of loopback.
 
 Use it as a context manager; ``.env`` holds what to add to the environment (``SLURM_CONF``
-and the loopback-only MPI settings) and ``.run(argv)`` runs a client command with it.
+and the MPI interface settings) and ``.run(argv)`` runs a client command with it.
 On exit it stops exactly the processes it started, by PID, and removes the directory.
 
 From a shell::
 
-    python tests/localcluster.py --nodes 2
+    python tests/localcluster.py --nodes 2 [--netns]
     # prints: export SLURM_CONF=/tmp/hpcai-slurm-.../slurm.conf ; waits for Ctrl-C
 """
 
@@ -31,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from netns import CONTROLLER, NODE_IF, NodeNetwork
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 LOOPBACK = "127.0.0.1"
@@ -85,9 +93,12 @@ class LocalCluster:
 
     def __init__(self, fake_nodes: int = 0, cpus_per_node: int | None = None,
                  partition: str = "debug", start_timeout: float = 60.0,
-                 base_dir: str | None = None, keep: bool = False) -> None:
+                 base_dir: str | None = None, keep: bool = False,
+                 netns: bool = False) -> None:
         if fake_nodes < 0:
             raise ValueError("fake_nodes must be >= 0")
+        if netns and not fake_nodes:
+            raise ValueError("netns needs fake_nodes")
         self.fake_nodes = fake_nodes
         self.cpus_per_node = cpus_per_node
         self.partition = partition
@@ -102,6 +113,8 @@ class LocalCluster:
         self.munge_key: Path | None = None
         self._procs: list[tuple[str, subprocess.Popen]] = []
         self._logs: dict[str, Path] = {}      # daemon -> its log file
+        self.netns = netns
+        self.network: NodeNetwork | None = None   # netns mode: the nodes' namespaces
 
     # --- public --------------------------------------------------------------------------
 
@@ -116,6 +129,11 @@ class LocalCluster:
             "OMPI_MCA_oob_tcp_if_include": "lo",
             "UCX_NET_DEVICES": "lo",
         }
+        if self.network is not None:
+            # Inside the namespaces, lo is each node's own: MPI goes over the bridge.
+            env.update(OMPI_MCA_btl_tcp_if_include=self.network.subnet,
+                       OMPI_MCA_oob_tcp_if_include=self.network.subnet,
+                       UCX_NET_DEVICES=NODE_IF)
         if self.fake_nodes:
             # The fake nodes share /dev/shm: Open MPI's shared-memory BTL would mix them up.
             env["OMPI_MCA_btl"] = "self,tcp"
@@ -133,6 +151,14 @@ class LocalCluster:
         env.update(extra or {})
         return env
 
+    def client_argv(self, argv: list[str], cwd: str | os.PathLike | None = None,
+                    where: str = CONTROLLER) -> list[str]:
+        """``argv`` as run against this cluster: in netns mode entered into the namespace
+        of the controller (or of node ``where``), in ``cwd``."""
+        if self.network is None:
+            return list(argv)
+        return [*self.network.prefix(where, cwd), *argv]
+
     def run(self, argv: list[str], timeout: float = 120.0, env: dict[str, str] | None = None,
             cwd: str | None = None, check: bool = False,
             unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -148,7 +174,7 @@ class LocalCluster:
         for name in unset:
             full_env.pop(name, None)
         try:
-            return subprocess.run(list(argv), env=full_env, cwd=cwd,
+            return subprocess.run(self.client_argv(argv, cwd), env=full_env, cwd=cwd,
                                   capture_output=True, text=True, timeout=timeout,
                                   check=check)
         except subprocess.TimeoutExpired:
@@ -161,7 +187,8 @@ class LocalCluster:
             return
         scancel = find_program("scancel")
         if scancel:
-            subprocess.run([scancel, "--full", "--quiet", "--user", str(os.getuid())],
+            subprocess.run(self.client_argv([scancel, "--full", "--quiet", "--user",
+                                             str(os.getuid())]),
                            env=self.client_env(), capture_output=True, timeout=20,
                            check=False)
 
@@ -194,6 +221,9 @@ class LocalCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="hpcai-slurm-", dir=self._base_dir))
         os.chmod(self.dir, 0o755)  # munged needs search permission for all up to its socket
         try:
+            if self.netns:
+                self.network = NodeNetwork([f"n{i}" for i in range(1, self.fake_nodes + 1)],
+                                           self.dir).start()
             self._start_munged()
             self._write_conf()
             self._start_slurm()
@@ -245,7 +275,7 @@ class LocalCluster:
         lines = [
             "# written by tests/localcluster.py; removed when the cluster stops",
             "ClusterName=hpcai-local",
-            f"SlurmctldHost={self.hostname}({LOOPBACK})",
+            f"SlurmctldHost={self._controller()}",
             f"SlurmctldPort={ctld_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
@@ -287,7 +317,7 @@ class LocalCluster:
                 f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
             ]
             # One line per node: each slurmd needs its own free port.
-            lines += [f"NodeName={name} NodeHostname={self.hostname} NodeAddr={LOOPBACK} "
+            lines += [f"NodeName={name} {self._node_address(name)} "
                       f"Port={port} CPUs={cpus} State=UNKNOWN"
                       for name, port in zip(self.nodes, node_ports)]
         else:
@@ -307,17 +337,29 @@ class LocalCluster:
         self.conf = d / "slurm.conf"
         self.conf.write_text("\n".join(lines) + "\n")
 
+    def _controller(self) -> str:
+        if self.network is not None:
+            return f"{CONTROLLER}({self.network.controller_address})"
+        return f"{self.hostname}({LOOPBACK})"
+
+    def _node_address(self, name: str) -> str:
+        if self.network is not None:
+            return f"NodeHostname={name} NodeAddr={self.network.addresses[name]}"
+        return f"NodeHostname={self.hostname} NodeAddr={LOOPBACK}"
+
     def _start_slurm(self) -> None:
         assert self.dir is not None and self.conf is not None
         log = self.dir / "log"
         self._logs["slurmctld"] = log / "slurmctld.log"
         conf = ["-f", str(self.conf)]
-        self._spawn("slurmctld", [find_program("slurmctld") or "slurmctld", "-D", "-i", *conf])
+        self._spawn("slurmctld", self.client_argv(
+            [find_program("slurmctld") or "slurmctld", "-D", "-i", *conf], self.dir))
         slurmd = find_program("slurmd") or "slurmd"
         if self.fake_nodes:
             for name in self.nodes:
                 self._logs[f"slurmd {name}"] = log / f"slurmd-{name}.log"
-                self._spawn(f"slurmd {name}", [slurmd, "-D", "-N", name, *conf])
+                self._spawn(f"slurmd {name}", self.client_argv(
+                    [slurmd, "-D", "-N", name, *conf], self.dir, where=name))
         else:
             self._logs["slurmd"] = log / "slurmd.log"
             self._spawn("slurmd", [slurmd, "-D", *conf])
@@ -361,7 +403,8 @@ class LocalCluster:
         """``{node: state}`` as sinfo reports it (empty if the controller does not answer)."""
         sinfo = find_program("sinfo") or "sinfo"
         try:
-            out = subprocess.run([sinfo, "-h", "-N", "-o", "%N %T"], env=self.client_env(),
+            out = subprocess.run(self.client_argv([sinfo, "-h", "-N", "-o", "%N %T"]),
+                                 env=self.client_env(),
                                  capture_output=True, text=True, timeout=10, check=False)
         except subprocess.TimeoutExpired:
             return {}
@@ -419,6 +462,9 @@ class LocalCluster:
                     pass
                 proc.wait(timeout=10)
         self._procs.clear()
+        if self.network is not None:
+            self.network.stop()
+            self.network = None
         if self.dir is not None and not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
         if not self.keep:
@@ -426,7 +472,9 @@ class LocalCluster:
             self.conf = None
 
     def describe(self) -> str:
-        return (f"{len(self.nodes)} node(s) {','.join(self.nodes)} in {self.dir}, "
+        where = "" if self.network is None else (
+            " at " + ", ".join(f"{n}={a}" for n, a in self.network.addresses.items()))
+        return (f"{len(self.nodes)} node(s) {','.join(self.nodes)}{where} in {self.dir}, "
                 f"daemons pids " + ", ".join(f"{n}={p.pid}" for n, p in self._procs))
 
 
@@ -440,9 +488,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPUs per node (default: this machine's usable CPUs)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for the nodes to be idle")
+    parser.add_argument("--netns", action="store_true",
+                        help="each fake node in its own network namespace, with its own "
+                             "address (needs root)")
     args = parser.parse_args(argv)
     cluster = LocalCluster(fake_nodes=args.nodes, cpus_per_node=args.cpus_per_node,
-                           start_timeout=args.timeout)
+                           start_timeout=args.timeout, netns=args.netns)
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -461,8 +512,12 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         for key, value in cluster.env.items():
             print(f"export {key}={value}", flush=True)
-        if cluster.fake_nodes:
-            print("export MASTER_ADDR=127.0.0.1   # fake node names do not resolve", flush=True)
+        if cluster.network is not None:
+            print("# run clients in the controller's namespace: "
+                  + " ".join(cluster.client_argv(["srun", "..."], "DIR")), flush=True)
+        elif cluster.fake_nodes:
+            print("# fake node names do not resolve here: a torch rendezvous needs "
+                  "MASTER_ADDR=127.0.0.1 (or --netns: nodes that resolve)", flush=True)
         print("# e.g.: srun -N {} --ntasks-per-node 2 --mpi=pmix hpcai-launch "
               "--ranks-per-node 2 -- python -m hpcai.launcher.probe".format(
                   max(args.nodes, 1)), flush=True)

@@ -31,6 +31,7 @@ LIBS = (
     LibFile("/opt/intel/mpi/libfabric/lib/prov/libpsmx2-fi.so", "libpsmx2-fi.so", "fabric",
             "libfabric"),
     LibFile("/usr/lib64/libpsm2.so.2.2", "libpsm2.so.2", "fabric"),
+    LibFile("/usr/lib64/libpmi2.so.0.0.0", "libpmi2.so.0", "pmi", "pmi"),   # Slurm's, for srun
 )
 OPENMPI_INSTALL = MpiInstall(OPENMPI, "/usr/bin/mpirun", "4.1.4", "/usr/lib", "test")
 SITE = SiteProfile.load(Path(__file__).parent / "data" / "site-lrz.toml")

@@ -18,6 +18,7 @@ from hpcai.launcher.options import Options
 from hpcai.launcher.facts import Facts
 from hpcai.launcher.plan import build_plan
 from hpcai.launcher.topology import synthetic
+from hpcai.slurm.pmi import PmiClient
 
 GOLDEN = Path(__file__).parent / "golden"
 COMMAND = ("python3", "-m", "hpcai.launcher.probe")
@@ -41,10 +42,13 @@ CASES.append(("srun-intel", "lrz-768nodes-4x12"))
 
 
 def _plan(launcher: str, case: str):
+    pmi = PmiClient()
     if case == "lrz-768nodes-4x12":
         topo_text, kwargs = TOPOLOGIES["supermuc-ng-4x12"][0], {"ranks_per_node": 4}
         env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "768"}
         mpi = INSTALLS["intel"]
+        # Slurm's libpmi2 as hpcai finds it there (tests/test_lrz.py runs this path here)
+        pmi = PmiClient(env=(("I_MPI_PMI_LIBRARY", "/usr/lib64/libpmi2.so"),))
     else:
         topo_text, kwargs = TOPOLOGIES[case]
         env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1"} if launcher == "srun" else {}
@@ -52,7 +56,7 @@ def _plan(launcher: str, case: str):
     facts = Facts(env={"PATH": "/usr/bin", **env}, topology=synthetic(topo_text),
                   hostname="node001", self_argv=("hpcai-launch",),
                   command_path="/usr/bin/python3", uid=1000, free_port=29500, mpi=mpi,
-                  cache_dir="/home/user/.cache/hpcai")
+                  cache_dir="/home/user/.cache/hpcai", pmi=pmi)
     return build_plan(Options(command=COMMAND, **kwargs), facts)
 
 

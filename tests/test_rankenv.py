@@ -32,6 +32,24 @@ def test_hydra_env_mpich_and_intel():
     assert env["MASTER_PORT"] == str(rendezvous_port("hydra-ppid:77"))
 
 
+def test_mpiexec_inside_a_slurm_job_meets_at_the_jobs_first_node():
+    """A site's mpiexec in a batch job (Hydra's proxies are one srun step; Open MPI's
+    daemons too): rank 0 is on the job's first node, and every node keys one port."""
+    job = {"SLURM_JOB_ID": "31", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_ID": "0"}
+    hydra = [from_environ({"PMI_RANK": str(r), "PMI_SIZE": "4", "MPI_LOCALRANKID": str(r % 2),
+                           "MPI_LOCALNRANKS": "2", **job}, ppid=100 + r // 2)
+             for r in range(4)]
+    ompi = [from_environ({"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "4",
+                          "OMPI_COMM_WORLD_LOCAL_RANK": str(r % 2),
+                          "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "9",
+                          **job}) for r in range(4)]
+    for ranks in (hydra, ompi):
+        envs = [torch_env(info, {}) for info in ranks]
+        assert {e["MASTER_ADDR"] for e in envs} == {"n1"}
+        assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert hydra[0].job_key == "slurm:31.0"
+
+
 def test_slurm_step_env():
     env = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_PROCID": "6",
            "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "2", "SLURM_NODEID": "1",

@@ -72,6 +72,15 @@ def test_mpiexec_when_the_site_says_so():
                           launcher="mpiexec"))
     assert "mpiexec -n 6 -ppn 2 hpcai-launch --ranks-per-node 2 -- train 3dgan --resume" in text
     assert "#SBATCH --cpus-per-task=4" in text   # 8 cores / 2 ranks
+    # Open MPI's mpiexec has no -ppn (it failed with: unknown option "-ppn")
+    ompi = render(JobSpec(command=("train", "3dgan"), nodes=3, ranks_per_node=2, site=site,
+                          launcher="mpiexec", mpi="openmpi"))
+    assert ("mpiexec -n 6 --map-by ppr:2:node hpcai-launch --ranks-per-node 2 --mpi openmpi "
+            "-- train 3dgan --resume") in ompi
+    for mpi in ("mpich", "intel"):
+        hydra = render(JobSpec(command=("train",), nodes=3, ranks_per_node=2, site=site,
+                               launcher="mpiexec", mpi=mpi))
+        assert "mpiexec -n 6 -ppn 2 hpcai-launch" in hydra
 
 
 @pytest.mark.parametrize("spec,match", [

@@ -75,9 +75,9 @@ def real_node(tmp_path_factory):
 def fake_nodes(tmp_path_factory):
     """Two fake nodes n1, n2 with 2 CPUs each (task/none)."""
     with LocalCluster(fake_nodes=2, cpus_per_node=2) as cluster:
-        # n1/n2 do not resolve: the torch rendezvous address must be given.
-        yield _cluster(cluster, tmp_path_factory.mktemp("hpcai-cache"),
-                       MASTER_ADDR="127.0.0.1")
+        # Nothing injected: hpcai derives MASTER_ADDR from the node list. n1 does not resolve
+        # here, so these tests use no torch rendezvous (tests/test_netns.py: nodes that do).
+        yield _cluster(cluster, tmp_path_factory.mktemp("hpcai-cache"))
 
 
 def run(cluster: LocalCluster, argv: list[str], timeout: float = SRUN_TIMEOUT,
@@ -298,7 +298,7 @@ def test_fake_nodes_openmpi_pmix(fake_nodes, tmp_path):
     assert {r["env"]["LOCAL_RANK"] for r in recs.values()} == {"0", "1"}
     # Both "nodes" are this machine: CPU sets repeat across nodes, never within one.
     check_disjoint_per_node(recs)
-    assert {r["env"]["MASTER_ADDR"] for r in recs.values()} == {"127.0.0.1"}
+    assert {r["env"]["MASTER_ADDR"] for r in recs.values()} == {"n1"}   # the first node
 
 
 def test_srun_without_pmi_is_warned_about(real_node):

@@ -14,7 +14,6 @@
 set -euo pipefail
 export FI_PROVIDER=psm2
 export I_MPI_FABRICS=shm:ofi
-export I_MPI_PMI_LIBRARY=/usr/lib64/libpmi2.so
 export PSM2_MULTI_EP=1
 
 srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=24 --cpu-bind=cores --kill-on-bad-exit=1 hpcai-launch --ranks-per-node 4 --threads-per-rank 12 --mpi intel --container /hppfs/work/images/hpcai-bookworm --runtime charliecloud --site /lrz/sys/hpcai/lrz.toml -- train 3dgan --data /hppfs/work/ecal --epochs 2 --batch-size 16 --out /hppfs/work/run1 --resume
