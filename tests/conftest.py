@@ -1,4 +1,6 @@
-"""Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env."""
+"""Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env;
+and the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
+under run-tests.sh a skip fails unless it is a limit of the machine."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: F401
+                         pytest_sessionstart)
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
