@@ -110,11 +110,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def _fail_unless_machine_limit(report: pytest.TestReport | pytest.CollectReport) -> None:
     if not (STRICT and report.skipped and not hasattr(report, "wasxfail")):
         return
-    path, line, reason = report.longrepr
+    where, reason = "", str(report.longrepr)
+    if isinstance(report.longrepr, tuple):     # (path, line, "Skipped: reason")
+        where, reason = f"{report.longrepr[0]}:{report.longrepr[1]}: ", report.longrepr[2]
     reason = reason.removeprefix("Skipped: ")
     if reason not in MACHINE_LIMITS:
         report.outcome = "failed"
-        report.longrepr = (f"{path}:{line}: skipped: {reason}\nrun-tests.sh accepts a skip only "
+        report.longrepr = (f"{where}skipped: {reason}\nrun-tests.sh accepts a skip only "
                            f"for what this machine cannot have (MACHINE_LIMITS in {__file__}); "
                            "this is a part that scripts/install.sh or scripts/build-horovod.sh "
                            "provides, so its skip means a broken install")
