@@ -1,4 +1,6 @@
-"""Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env."""
+"""Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env;
+and the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
+under run-tests.sh a skip fails unless it is a limit of the machine."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: F401
+                         pytest_sessionstart)
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# Intel MPI (impi-rt): where scripts/env.sh points I_MPI_ROOT, else the venv's opt/impi-rt
+IMPI_ROOT = Path(os.environ.get("I_MPI_ROOT", VENV_BIN.parent / "opt" / "impi-rt"))
 LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
             "UCX_NET_DEVICES": "lo"}
 
@@ -54,10 +61,9 @@ def _detect_flavours() -> dict[str, MpiUnderTest]:
                                         "libmpi.so.40", ("--allow-run-as-root",))
     if shutil.which("mpiexec.mpich"):
         found["mpich"] = MpiUnderTest("mpich", shutil.which("mpiexec.mpich"), {}, "libmpich")
-    impi = Path(os.environ.get("I_MPI_ROOT", VENV_BIN.parent / "opt" / "impi-rt"))
-    if (impi / "bin" / "mpiexec.hydra").exists():
-        found["intel"] = MpiUnderTest("intel", str(impi / "bin" / "mpiexec.hydra"),
-                                      {"I_MPI_ROOT": str(impi)}, str(impi / "lib"))
+    if (IMPI_ROOT / "bin" / "mpiexec.hydra").exists():
+        found["intel"] = MpiUnderTest("intel", str(IMPI_ROOT / "bin" / "mpiexec.hydra"),
+                                      {"I_MPI_ROOT": str(IMPI_ROOT)}, str(IMPI_ROOT / "lib"))
     return found
 
 

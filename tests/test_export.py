@@ -1,17 +1,25 @@
-"""ONNX export of trained checkpoints, checked against onnxruntime."""
+"""ONNX export of trained checkpoints: ONNX Runtime recomputed against PyTorch here.
+
+The test does not read the comparison that ``export-onnx`` writes: it loads the exported file
+with onnxruntime and the checkpoint with torch itself, runs both on inputs of its own (batch
+sizes 1, 3 and 5; the exporter checks 1 and 3), and compares. The control: the same model
+with one weight tensor scaled by 1 % must fail the same comparison.
+"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import copy
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
 import pytest
+import torch
 
 from conftest import base_env, run
+from hpcai.models import gan3d, resnet
 
-pytest.importorskip("onnxruntime")
+ATOL, RTOL = 1e-4, 1e-4    # |onnx - torch| <= ATOL + RTOL x max|torch|, as the README says
 
 
 def _checkpoint(tmp_path: Path, *train_args: str) -> Path:
@@ -24,6 +32,29 @@ def _checkpoint(tmp_path: Path, *train_args: str) -> Path:
     return ckpt
 
 
+def _torch_model(ckpt: Path, model: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
+    """The trained network, built from the checkpoint by this test, and its input shape."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert state["model"] == model
+    if model == "3dgan":
+        net = gan3d.Generator()
+        net.load_state_dict(state["modules"]["generator"])
+        return net.eval(), (gan3d.LATENT,)
+    net = resnet.resnet50(num_classes=state["config"]["classes"])
+    net.load_state_dict(state["modules"]["net"])
+    size = state["config"]["image_size"]
+    return net.eval(), (3, size, size)
+
+
+def _excess(session: ort.InferenceSession, net: torch.nn.Module, x: np.ndarray) -> float:
+    """max|onnx - torch| / (ATOL + RTOL x max|torch|): at most 1 when they agree."""
+    with torch.no_grad():
+        expected = net(torch.from_numpy(x)).numpy()
+    (got,) = session.run(None, {session.get_inputs()[0].name: x})
+    assert got.shape == expected.shape
+    return float(np.max(np.abs(got - expected))) / (ATOL + RTOL * float(np.max(np.abs(expected))))
+
+
 @pytest.mark.parametrize("model,args", [
     ("3dgan", ("3dgan", "--generate", "8", "--batch-size", "2")),
     ("resnet50", ("resnet50", "--samples", "2", "--batch-size", "2", "--image-size", "64")),
@@ -34,12 +65,18 @@ def test_export_matches_the_framework(model, args, tmp_path):
     result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", model, "--out",
                   str(onnx_file)], base_env(), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    assert onnx_file.stat().st_size > 100_000
-    report = json.loads(onnx_file.with_suffix(".json").read_text())
-    assert report["ok"] and [b["batch"] for b in report["batches"]] == [1, 3]
-    assert all(b["max_abs_diff"] <= b["bound"] for b in report["batches"])
-    expected = {"3dgan": [3, 1, 25, 25, 25], "resnet50": [3, 1000]}[model]
-    assert report["batches"][1]["shape"] == expected   # the batch axis is dynamic
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    assert isinstance(session.get_inputs()[0].shape[0], str)   # the batch axis is dynamic
+    net, shape = _torch_model(ckpt, model)
+    perturbed = copy.deepcopy(net)
+    with torch.no_grad():
+        next(p for p in perturbed.parameters() if p.dim() > 1).mul_(1.01)
+    rng = np.random.default_rng(11)
+    for x in (rng.standard_normal((n, *shape)).astype(np.float32) for n in (1, 3, 5)):
+        excess = _excess(session, net, x)
+        assert excess <= 1, f"batch {len(x)}: |onnx - torch| is {excess:.3g} x the bound"
+        control = _excess(session, perturbed, x)
+        assert control > 10, f"batch {len(x)}: the perturbed model passes ({control:.3g})"
 
 
 def test_export_bad_input(tmp_path):

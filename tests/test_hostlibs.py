@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import IMPI_ROOT as IMPI
 from hpcai.launcher import abi, elf, hostlibs, hostmpi, preflight
 from hpcai.slurm import pmi
 from hpcai.core.errors import UserError
@@ -32,7 +33,6 @@ from hpcai.launcher.site import SiteProfile
 
 DATA = Path(__file__).resolve().parent / "data"
 SYSLIB = Path("/usr/lib/x86_64-linux-gnu")
-IMPI = Path(__file__).resolve().parent.parent / ".venv" / "opt" / "impi-rt"
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("gcc"),
                                 reason="needs gcc on x86_64")

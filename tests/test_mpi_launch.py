@@ -35,20 +35,25 @@ def test_rank_wrapper_under_plain_mpirun(mpi, tmp_path):
 
 
 def test_singleton_worlds_are_caught(tmp_path):
-    """Control: MPICH's mpiexec with mpi4py loading Open MPI gives 2 x "rank 0 of 1";
-    the world check must reject that (so it can fail)."""
+    """Control: MPICH's mpiexec with mpi4py loading Open MPI starts 2 singletons, each
+    "rank 0 of 1"; the world check must reject that (so it can fail). Each process writes to
+    a directory of its own (MPMD), so both records are seen: a probe that crashed or wrote
+    nothing fails this test instead of passing it."""
     if "MPI_LOCALRANKID" in base_env():
         pytest.skip("unexpected hydra env")
     from conftest import FLAVOURS
     if "mpich" not in FLAVOURS or "openmpi" not in FLAVOURS:
         pytest.skip("needs both MPICH and Open MPI")
-    env = base_env(MPI4PY_MPIABI="openmpi")
-    result = run([FLAVOURS["mpich"].launcher, "-n", "2", "python", "-m",
-                  "hpcai.launcher.probe", "--quiet", "--out", str(tmp_path)], env)
-    records = load_ranks(tmp_path)
+    outs = [tmp_path / "first", tmp_path / "second"]
+    argv = [FLAVOURS["mpich"].launcher, "-n", "1", *PROBE, str(outs[0]),
+            ":", "-n", "1", *PROBE, str(outs[1])]
+    result = run(argv, base_env(MPI4PY_MPIABI="openmpi"))
+    assert result.returncode == 0, result.stderr
+    records = [record for out in outs for record in load_ranks(out)]
+    assert [(r["rank"], r["size"]) for r in records] == [(0, 1), (0, 1)], records
+    assert records[0]["pid"] != records[1]["pid"], records
     with pytest.raises(AssertionError):
         assert_one_world(records, 2)
-    assert result.returncode == 0 or records == [] or all(r["size"] == 1 for r in records)
 
 
 def test_torch_env_init_runs_unmodified(tmp_path):

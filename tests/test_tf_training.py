@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import base_env, blocked_env, run
 
 pytestmark = pytest.mark.mpi
-tf = pytest.importorskip("tensorflow", reason="tensorflow-cpu is not installed")
-keras = pytest.importorskip("keras")
 PROGRAMS = Path(__file__).parent / "programs"
 GAN = ["3dgan", "--generate", "32", "--batch-size", "2", "--peak-gflops", "50",
        "--eval-samples", "4"]

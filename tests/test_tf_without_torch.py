@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import blocked_env, run
 
 pytestmark = pytest.mark.mpi
-pytest.importorskip("tensorflow", reason="tensorflow-cpu is not installed")
-pytest.importorskip("keras")
 GAN = ["3dgan", "--generate", "32", "--batch-size", "2", "--peak-gflops", "50",
        "--eval-samples", "4", "--max-steps", "1"]
 HALTED = "import of torch halted"   # Python's ImportError for sys.modules["torch"] = None
@@ -44,7 +43,6 @@ def test_tensorflow_trains_and_resumes_without_torch(tmp_path):
     assert record["eval"]["samples"] == 4 and record["allreduce"]["calls"] > 0
 
     # an earlier version's TensorFlow checkpoint (torch.save of NumPy arrays) resumes too
-    torch = pytest.importorskip("torch")
     (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
     with open(ckpt, "rb") as handle:
         state = pickle.load(handle)
@@ -63,7 +61,6 @@ def test_tensorflow_trains_and_resumes_without_torch(tmp_path):
 
 def test_a_pytorch_checkpoint_is_read_without_torch(tmp_path):
     """What a TensorFlow run needs to refuse a PyTorch checkpoint: who wrote it."""
-    torch = pytest.importorskip("torch")
     path = tmp_path / "ckpt-E0001-S000000.pt"
     torch.save({"framework": "pytorch", "model": "3dgan", "world_size": 2,
                 "modules": {"generator": torch.nn.Linear(2, 2).state_dict()}}, path)

@@ -1,8 +1,8 @@
-"""Run 3 optimiser steps data-parallel and save the parameters (rank 0).
+"""Run 3 optimiser steps data-parallel and save the parameters before and after (rank 0).
 
 World W, per-rank batch B = GLOBAL // W: rank r takes rows [r*B, (r+1)*B) of each fixed
 global batch, gradients are averaged by hpcai's GradAllreducer, then SGD steps. With W = 1
-this is plain single-process training on the global batch, so the saved parameters of the
+this is plain single-process training on the global batch, so the weight updates of the
 W = 2 run must equal those of the W = 1 run up to rounding.
 
 BatchNorm runs in eval mode and dropout is off: per-rank batch statistics are by design not
@@ -13,7 +13,14 @@ gradients (~2e4) come from heavy cancellation, so in float32 even one process's 
 gradient and the mean of its two half-batch gradients differ by ~1.6e-4 relative. float64
 removes that rounding and leaves only what the engine does.
 
-usage: dp_equivalence.py MODEL OUT.npz [--blocking]   MODEL: mlp | gan-d | gan-g
+The learning rates keep the 3 steps small (updates of 2-4 % of the parameters' norm): at
+lr 0.01 the generator's initial gradients blow its weights up to ~1e88 by the third step.
+
+Saved: every parameter before (``init.NAME``) and after (``NAME``) the 3 steps, so that the
+test compares the updates. ``--no-average`` leaves the gradients alone (each rank steps on its
+own rows): the control that shows the comparison can fail.
+
+usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average]   MODEL: mlp | gan-d | gan-g
 """
 
 import sys
@@ -28,10 +35,12 @@ from hpcai.training.allreduce import GradAllreducer, MpiTransport
 from hpcai.training.torch_trainer import broadcast_state
 
 GLOBAL = 4 if sys.argv[1] == "mlp" else 2
+LR = {"mlp": 0.01, "gan-d": 1e-3, "gan-g": 1e-6}
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
 model_name, out = sys.argv[1], sys.argv[2]
 overlap = "--blocking" not in sys.argv
+average = "--no-average" not in sys.argv
 torch.manual_seed(0)
 data = torch.Generator().manual_seed(42)
 
@@ -83,14 +92,18 @@ else:
 
 no_dropout_eval_bn(model)
 broadcast_state([model], comm)
-reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap)
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+initial = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap) \
+    if average else None
+opt = torch.optim.SGD(model.parameters(), lr=LR[model_name], momentum=0.9)
 per_rank = GLOBAL // world
 for x, y in batches:
     lo, hi = rank * per_rank, (rank + 1) * per_rank
     opt.zero_grad(set_to_none=True)
     loss_fn(x[lo:hi], y[lo:hi]).backward()
-    reducer.synchronize()
+    if reducer is not None:
+        reducer.synchronize()
     opt.step()
 if rank == 0:
-    np.savez(out, **{name: p.detach().numpy() for name, p in model.named_parameters()})
+    np.savez(out, **{name: p.detach().numpy() for name, p in model.named_parameters()},
+             **{f"init.{name}": a for name, a in initial.items()})
