@@ -1,13 +1,9 @@
-"""Training runs for real under hpcai-launch: records, checkpoints, faults, bad input."""
+"""Training runs for real under hpcai-launch: records, checkpoints, bad input (faults:
+test_faults.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
-import uuid
 from pathlib import Path
 
 import h5py
@@ -16,15 +12,11 @@ import pytest
 
 from conftest import base_env, run
 from hpcai.training.record import EpochRecord
+from jobs import train
 
 pytestmark = pytest.mark.mpi
 TINY = ["resnet-tiny", "--image-size", "32", "--classes", "10", "--batch-size", "4",
         "--peak-gflops", "50", "--verify-every", "5"]
-
-
-def train(ranks: int, *args: str, env: dict | None = None, timeout: float = 300):
-    return run(["hpcai-launch", "-N", str(ranks), "--", "train", *args], env or base_env(),
-               timeout=timeout)
 
 
 def records(out: Path, name: str = "epochs.jsonl") -> list[dict]:
@@ -72,114 +64,6 @@ def test_resnet_records_and_lr_warmup(tmp_path):
     assert [r["steps"] for r in epochs] == [8, 8]
     assert epochs[0]["lr"] < 0.02 and epochs[1]["lr"] == pytest.approx(0.02)
     assert epochs[0]["allreduce"]["calls"] > 0
-
-
-def _rank_pids(tag: str) -> dict[int, int]:
-    """PIDs of the ranks this test started (tagged env), by rank."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if f"HPCAI_TEST_TAG={tag}".encode() in env and b"train" in cmd \
-                and b"hpcai.launcher" not in cmd and b"mpirun" not in cmd:
-            for item in env:
-                if item.startswith(b"RANK="):
-                    found[int(item[5:])] = int(entry.name)
-    return found
-
-
-def _start(out: Path, *args: str, tag: str):
-    log = open(out.parent / f"{out.name}.log", "w")
-    proc = subprocess.Popen(["hpcai-launch", "-N", "2", "--", "train", *args,
-                             "--out", str(out)], env=base_env(HPCAI_TEST_TAG=tag),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
-    return proc, Path(log.name)
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-LONG = [*TINY, "--samples", "4096", "--epochs", "3", "--checkpoint-every", "0"]
-
-
-def test_killed_rank_ends_the_job_promptly_and_is_named(tmp_path):
-    tag = uuid.uuid4().hex
-    proc, log = _start(tmp_path / "run", *LONG, tag=tag)
-    try:
-        _wait_for(lambda: "hpcai-train:" in log.read_text(), 120, "training start")
-        pids = _wait_for(lambda: (p := _rank_pids(tag)) and len(p) == 2 and p, 30, "ranks")
-        os.kill(pids[1], signal.SIGKILL)
-        killed_at = time.monotonic()
-        code = proc.wait(timeout=30)
-        assert time.monotonic() - killed_at < 30
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert code != 0
-    assert "rank 1" in text, text[-2000:]
-
-
-def test_exception_on_one_rank_aborts_all_with_root_cause(tmp_path):
-    env = base_env(HPCAI_INJECT_FAULT="1:3")
-    start = time.monotonic()
-    result = train(2, *LONG, "--out", str(tmp_path / "run"), env=env, timeout=120)
-    assert result.returncode != 0
-    assert time.monotonic() - start < 90
-    err = result.stderr
-    assert "error: hpcai-train: rank 1 of 2 on" in err and "injected fault" in err, err[-3000:]
-    assert "Traceback" in err and "MPI_ABORT" in err.upper()
-
-
-def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
-    args = [*TINY, "--samples", "2048", "--epochs", "2"]
-    reference = tmp_path / "reference"
-    result = train(2, *args, "--out", str(reference))
-    assert result.returncode == 0, result.stderr[-2000:]
-
-    out, tag = tmp_path / "preempted", uuid.uuid4().hex
-    proc, log = _start(out, *args, tag=tag)
-    try:
-        _wait_for(lambda: "hpcai-train:" in log.read_text(), 120, "training start")
-        pids = _wait_for(lambda: (p := _rank_pids(tag)) and len(p) == 2 and p, 30, "ranks")
-        time.sleep(1.0)
-        for pid in pids.values():   # what Slurm does: the signal goes to every task
-            os.kill(pid, signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert code == 75, text[-2000:]
-    assert "preempted by signal" in text and "--resume" in text
-    ckpts = list((out / "checkpoints").glob("ckpt-*.pt"))
-    assert ckpts, "no checkpoint written on SIGTERM"
-    assert not list((out / "checkpoints").glob(".*tmp*")), "temporary file left behind"
-    done_before = len(records(out, "steps.jsonl"))
-    assert 0 < done_before < 2 * 256, "signal did not arrive mid-run"
-
-    result = train(2, *args, "--out", str(out), "--resume")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stdout
-    ref = {(s["epoch"], s["step"]): s for s in records(reference, "steps.jsonl")}
-    got = records(out, "steps.jsonl")
-    keys = [(s["epoch"], s["step"]) for s in got]
-    assert len(keys) == len(set(keys)) == len(ref), "steps repeated or missing across resume"
-    for s in got:
-        r = ref[(s["epoch"], s["step"])]
-        assert s["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (s, r)
 
 
 def _h5(path: Path, ecal_shape=(4, 25, 25, 25), target_cols=2, ecal_name="ECAL"):

@@ -2,15 +2,20 @@
 
 Rank 0 writes ``ckpt-E{epoch:04d}-S{step:06d}.pt`` (epoch and the next step to run) to a
 temporary file in the same directory, fsyncs it, renames it into place and fsyncs the
-directory; only then are old ones beyond ``keep`` removed. A file that fails to load (a
-crash of the file system, a truncated copy) is skipped with a warning on resume.
+directory; only then are old ones beyond ``keep`` removed. On ``--resume``
+(:func:`load_for_resume`) a newer file that fails to load (a crash of the file system, a
+truncated copy) is skipped with a warning for an older one that loads; when there are
+checkpoints and none of them loads, that is an error, never a silent start from scratch.
 
-The framework's trainer says how a state is written and read: PyTorch runs write with
-``torch.save`` (a zip archive), TensorFlow runs a plain pickle of NumPy arrays
-(:func:`write_pickle`). :func:`read` reads both (torch is imported for a ``torch.save``
-file only); :func:`read_without_torch`, the TensorFlow runs' reader, reads both without
-torch: TensorFlow checkpoints of earlier versions were ``torch.save`` files of NumPy arrays,
-and of a PyTorch checkpoint it reads enough (all but the tensors) to say who wrote it.
+The framework's trainer says how a state is written: PyTorch runs write with ``torch.save``
+(a zip archive), TensorFlow runs a plain pickle of NumPy arrays (:func:`write_pickle`).
+Reading runs no code from the file: :func:`read` reads both (``torch.load`` with
+``weights_only=True``, torch imported for a ``torch.save`` file only);
+:func:`read_without_torch`, the TensorFlow runs' reader, reads both without torch
+(TensorFlow checkpoints of earlier versions were ``torch.save`` files of NumPy arrays, and
+of a PyTorch checkpoint it reads enough, all but the tensors, to say who wrote it) through
+an allow-list unpickler (:class:`_Restricted`): Python's containers and scalars, NumPy
+arrays and scalars; any other global in the file is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import sys
 import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable
+
+from ..core.errors import UserError
 
 _NAME = re.compile(r"ckpt-E(\d{4})-S(\d{6})\.pt$")
 
@@ -61,14 +68,34 @@ def save(directory: Path, state: dict, epoch: int, step: int, *,
     return final
 
 
-def load_latest(directory: Path, read: Callable[[Path], dict]) -> tuple[Path, dict] | None:
-    """The newest checkpoint that ``read(path)`` loads, or None."""
-    for path in reversed(list_checkpoints(directory)):
+def load_for_resume(directory: Path, framework: str) -> tuple[Path, dict] | None:
+    """The newest checkpoint in ``directory`` that loads, read as a ``framework`` run reads
+    it; None when there is no checkpoint yet. Raises :class:`UserError` when there are
+    checkpoints and none of them loads."""
+    found = list_checkpoints(directory)
+    read_one = read if framework == "pytorch" else read_without_torch
+    failures = []
+    for path in reversed(found):
         try:
-            return path, read(path)
+            return path, read_one(path)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is skipped
-            print(f"warning: skipping unreadable checkpoint {path}: {exc}", file=sys.stderr)
-    return None
+            failures.append(f"{path.name}: {_reason(exc)}")
+            print(f"warning: skipping unreadable checkpoint {path}: {_reason(exc)}",
+                  file=sys.stderr)
+    if not failures:
+        return None
+    raise UserError(
+        f"--resume: none of the {len(failures)} checkpoint(s) in {directory} can be read "
+        f"({'; '.join(failures)})",
+        "a truncated or corrupt file (a crash while copying, a full or failing file system) "
+        "or not a checkpoint of this program; nothing was trained. Restore a good copy, or "
+        "move the file(s) away to start from scratch (or use a new --out)")
+
+
+def _reason(exc: Exception) -> str:
+    """The exception in one line (torch's weights-only message is a page long)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
 
 def write_pickle(state: dict, handle: BinaryIO) -> None:
@@ -80,7 +107,7 @@ def read(path: Path) -> dict:
     if zipfile.is_zipfile(path):
         import torch
 
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
     return read_without_torch(path)
 
 
@@ -89,20 +116,34 @@ def read_without_torch(path: Path) -> dict:
     file come back as None."""
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as handle:
-            return pickle.load(handle)
+            return _Restricted(handle).load()
     with zipfile.ZipFile(path) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-        return _TensorsAsNone(io.BytesIO(archive.read(name))).load()
+        return _Restricted(io.BytesIO(archive.read(name))).load()
 
 
-class _TensorsAsNone(pickle.Unpickler):
-    """Unpickles ``torch.save``'s ``data.pkl``: torch's rebuild functions and its storages
-    (persistent ids) become None, everything else loads as saved."""
+_ALLOWED = {
+    ("collections", "OrderedDict"),
+    ("_codecs", "encode"),   # bytes in protocol 2 pickles (torch.save's)
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    *((f"numpy.{core}.multiarray", name) for core in ("core", "_core")
+      for name in ("_reconstruct", "scalar")),
+    *((f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")),
+}
+
+
+class _Restricted(pickle.Unpickler):
+    """Unpickles only Python's containers and scalars, NumPy arrays and scalars: a
+    checkpoint cannot run code.
+    ``torch.save``'s ``data.pkl`` reads too: torch's rebuild functions and its storages
+    (persistent ids) become None."""
 
     def find_class(self, module: str, name: str):
         if module == "torch" or module.startswith("torch."):
             return _none
-        return super().find_class(module, name)
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint")
 
     def persistent_load(self, pid):
         return None

@@ -66,6 +66,7 @@ class TrainConfig:
     channels_last: bool = True        # measured faster here for both models
     prefetch: bool = True
     eval_samples: int = 32            # fixed samples evaluated by rank 0 after each epoch
+    stall_timeout: float | None = None  # s without progress that ends the job; None: auto, 0: off
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,6 +133,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefetch", action="store_true")
     p.add_argument("--eval-samples", type=int, default=32,
                    help="fixed samples rank 0 evaluates after each epoch (0: none)")
+    p.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+                   help="end the job (MPI_Abort, exit 124, naming the rank, host and step) "
+                        "when a rank makes no progress for this long in a step, the per-step "
+                        "preemption check, an epoch end or a checkpoint; a value given applies "
+                        "from the first step, which includes tracing and warm-up (default: "
+                        "300 s until the second step is done and the first time through each "
+                        "phase, else max(60 s, 10 x the longest step); 0: off)")
     return p
 
 
@@ -154,7 +162,7 @@ def parse(argv: list[str]) -> TrainConfig:
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
         seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
         channels_last=not ns.channels_first, prefetch=not ns.no_prefetch,
-        eval_samples=ns.eval_samples)
+        eval_samples=ns.eval_samples, stall_timeout=ns.stall_timeout)
     check_numbers(cfg)
     return cfg
 
@@ -207,6 +215,9 @@ def check_numbers(cfg: TrainConfig) -> None:
         if value < 0:
             raise UserError(f"{name} must not be negative, got {value:g}",
                             f"give {name} 0 or more (train --help says what 0 means)")
+    if cfg.stall_timeout is not None and not cfg.stall_timeout >= 0:
+        raise UserError(f"--stall-timeout must be 0 (off) or positive, got {cfg.stall_timeout}",
+                        "e.g. --stall-timeout 120, or leave it out for the automatic bound")
 
 
 def train_arguments(command: Sequence[str]) -> list[str] | None:

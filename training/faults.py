@@ -1,11 +1,14 @@
 """Faults: preemption signals become a checkpoint, a crash on one rank ends all of them.
 
 - SIGTERM and SIGUSR1 (what Slurm sends before preemption or time-out, e.g. with
-  ``--signal=USR1@120``) only set a flag. At every step boundary the ranks agree on it with a
-  one-integer allreduce, so all of them finish the same step, checkpoint and exit with
-  :data:`EXIT_PREEMPTED`.
+  ``--signal=USR1@120``) only set a flag; the handler is installed first thing, before MPI
+  starts and before data is generated, so an early signal is not fatal. At every step
+  boundary the ranks agree on it with a one-integer allreduce, so all of them finish the
+  same step, checkpoint and exit with :data:`EXIT_PREEMPTED`.
 - :func:`abort_on_error` wraps a rank's work: any exception prints the root cause (rank,
   host, traceback) and calls ``MPI_Abort``, so no other rank is left waiting in a collective.
+- A rank that stops making progress (frozen, hung node, stalled file system) is found by the
+  stall watchdog (``watchdog.py``), which names it and aborts with :data:`EXIT_STALLED`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from contextlib import contextmanager
 
 EXIT_PREEMPTED = 75   # EX_TEMPFAIL: "try again later" - the rerun resumes
 EXIT_CRASH = 1
+EXIT_STALLED = 124    # a rank made no progress within the bound (as timeout(1) exits)
 
 
 class Preemption:

@@ -1,24 +1,43 @@
 """The training engine's entry: checks first, then MPI, then the trainer.
 
 Order of events on every rank:
-1. checks that need no MPI (output directory, data layout, comm backend) - a user error
-   stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
-2. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
+1. the SIGTERM/SIGUSR1 handler (``faults.Preemption``), so a preemption signal that comes
+   early only sets the flag, whatever follows;
+2. checks that need no MPI (output directory, data layout, comm backend, with ``--resume``
+   the checkpoint to resume from) - a user error stops every rank with `error:`/`hint:`
+   before MPI starts and before anything is written;
+3. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
    placement plan;
-3. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
-   TensorFlow path never imports torch): rank 0's weights broadcast and proven
-   bit-identical on all ranks (CRC32), then the epochs; any exception on any rank aborts the
-   job (MPI_Abort).
+4. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
+   TensorFlow path never imports torch): data generated if asked, rank 0's weights
+   broadcast and proven bit-identical on all ranks (CRC32), then the epochs under the stall
+   watchdog; any exception on any rank aborts the job (MPI_Abort).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core.cli import say_error
 from ..core.errors import UserError
 
+from . import checkpoint
 from .config import TrainConfig, check_comm, check_framework, check_output_dir
+from .faults import Preemption
+
+if TYPE_CHECKING:
+    from .shower_data import DatasetIndex
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks before MPI found."""
+
+    index: DatasetIndex | None               # the 3DGAN's --data files, validated
+    resume_from: tuple[Path, dict] | None    # --resume: the checkpoint and its state
 
 
 def _rank_from_env() -> int:
@@ -34,7 +53,7 @@ def report_before_mpi(exc: UserError) -> None:
         say_error(exc)
 
 
-def preflight(cfg: TrainConfig):
+def preflight(cfg: TrainConfig) -> Checked:
     """Every check that can fail on bad input, before MPI and before writing anything."""
     if cfg.framework == "tensorflow":   # before anything imports TensorFlow (Horovod may)
         # errors only: TF's graph optimiser logs "remapper failed" as an error for the
@@ -43,6 +62,13 @@ def preflight(cfg: TrainConfig):
     check_output_dir(cfg.out_dir)
     check_framework(cfg)
     check_comm(cfg.comm, cfg.framework)
+    index = _data_index(cfg)
+    resume_from = (checkpoint.load_for_resume(cfg.checkpoint_dir, cfg.framework)
+                   if cfg.resume else None)
+    return Checked(index, resume_from)
+
+
+def _data_index(cfg: TrainConfig) -> DatasetIndex | None:
     if cfg.model != "3dgan":
         return None
     from .shower_data import find_files, validate
@@ -57,7 +83,8 @@ def preflight(cfg: TrainConfig):
 
 def run(cfg: TrainConfig) -> int:
     """Entry point on every rank. Returns the process exit code."""
-    index = preflight(cfg)   # a UserError here is reported by core.cli.run_main
+    preemption = Preemption().install()
+    checked = preflight(cfg)   # a UserError here is reported by core.cli.run_main
     if cfg.framework == "tensorflow":
         from .tf_trainer import TfTrainer as Trainer
 
@@ -72,7 +99,7 @@ def run(cfg: TrainConfig) -> int:
 
     comm = MPI.COMM_WORLD
     with abort_on_error(comm):
-        return Trainer(cfg, comm, index).fit()
+        return Trainer(cfg, comm, checked, preemption).fit()
     return 1  # not reached: abort_on_error aborts
 
 

@@ -11,7 +11,6 @@ checkpoints, preemption and fault handling are the same code as for PyTorch.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -104,9 +103,6 @@ class TfTrainer(Trainer):
 
     def _write_checkpoint(self, state: dict, handle: BinaryIO) -> None:
         checkpoint.write_pickle(state, handle)
-
-    def _read_checkpoint(self, path: Path) -> dict:
-        return checkpoint.read_without_torch(path)
 
     def _step_rng(self, seed: int) -> np.random.Generator:
         return np.random.default_rng(seed)

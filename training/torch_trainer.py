@@ -3,20 +3,19 @@
 The loop, records, checkpoints, preemption and faults are ``trainer.Trainer``'s; this module
 says how PyTorch does each framework step: broadcast and fingerprint the parameters and
 buffers (NumPy views of the tensors), average the gradients (hpcai's buckets over mpi4py,
-torch.distributed's gloo, or Horovod), set the learning rate, save and load
-``torch.save`` checkpoints, seed the step's randomness and probe the GEMM peak.
+torch.distributed's gloo, or Horovod), set the learning rate, write ``torch.save``
+checkpoints (``checkpoint.read`` loads them), seed the step's randomness and probe the GEMM
+peak.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import BinaryIO, Iterable
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from . import checkpoint
 from .allreduce import GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport
 from .metrics import best_gemm_gflops
 from .tasks import make_task
@@ -113,9 +112,6 @@ class TorchTrainer(Trainer):
 
     def _write_checkpoint(self, state: dict, handle: BinaryIO) -> None:
         torch.save(state, handle)
-
-    def _read_checkpoint(self, path: Path) -> dict:
-        return checkpoint.read(path)
 
     def _step_rng(self, seed: int) -> torch.Generator:
         torch.manual_seed(seed)   # dropout draws from the global generator

@@ -4,7 +4,8 @@ Per step: this rank's shard of a seed-shuffled epoch order, the task's step with
 averaged across ranks, a cheap replica check every K steps, a collective look at the
 preemption flag. Per epoch: BatchNorm statistics handled as asked, replicas verified, one
 :class:`~.record.EpochRecord` (time split, samples/s, FLOP rate, % of peak, provenance) and
-an atomic checkpoint.
+an atomic checkpoint. From the first step to the end, each phase is marked for the stall
+watchdog (``watchdog.py``), in the same order on every rank.
 
 This module imports no framework: what differs between PyTorch (``torch_trainer``) and
 TensorFlow (``tf_trainer``) are the hooks below, which their subclasses implement.
@@ -18,7 +19,6 @@ import resource
 import time
 import zlib
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -30,12 +30,14 @@ from . import checkpoint
 from .batches import BatchStream, EpochSharder
 from .config import TrainConfig
 from .faults import EXIT_PREEMPTED, Preemption
+from .loop import Checked
 from .metrics import provenance
 from .record import AllreduceTotals, EpochRecord, Peak, Provenance
 from .replicas import verify
 from .shower_data import ShowerReader, find_files, validate
 from .showers import generate
 from .synthetic_images import SyntheticImages
+from .watchdog import Watchdog
 
 STATE_VERSION = 1   # of the checkpoint's contents
 
@@ -53,16 +55,19 @@ def step_seed(seed: int, rank: int, epoch: int, step: int) -> int:
 class Trainer(ABC):
     framework: str   # "pytorch" or "tensorflow": records, checkpoints, messages
 
-    def __init__(self, cfg: TrainConfig, comm, index) -> None:
+    def __init__(self, cfg: TrainConfig, comm, checked: Checked,
+                 preemption: Preemption) -> None:
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        self.preemption = preemption
+        self.resume_from = checked.resume_from
+        self.watch = Watchdog(comm, cfg.stall_timeout)
         self.threads = self._threads()
-        self.data, self.sharder = self._data(index)
+        self.data, self.sharder = self._data(checked.index)
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
         self.reducers = self._make_reducers()
-        self.preemption = Preemption().install()
         self.global_step = 0
         self.start_epoch, self.start_step = 0, 0
         self.steps = (min(self.sharder.steps_per_epoch, cfg.max_steps) if cfg.max_steps
@@ -88,7 +93,8 @@ class Trainer(ABC):
 
     @abstractmethod
     def _after_backward(self, *args):
-        """The task's callback between computing gradients and applying them."""
+        """The task's callback between computing gradients and applying them (the gradient
+        allreduce)."""
 
     @abstractmethod
     def _broadcast(self) -> None:
@@ -117,10 +123,6 @@ class Trainer(ABC):
 
     @abstractmethod
     def _write_checkpoint(self, state: dict, handle: BinaryIO) -> None:
-        ...
-
-    @abstractmethod
-    def _read_checkpoint(self, path: Path) -> dict:
         ...
 
     @abstractmethod
@@ -193,22 +195,33 @@ class Trainer(ABC):
             **self._task_state(),
         }
 
-    def _save(self, epoch: int, step: int) -> Path | None:
-        path = None
+    def _save(self, epoch: int, step: int, step_log: list) -> None:
+        """Rank 0 appends the steps logged so far to steps.jsonl and writes the checkpoint of
+        (epoch, step); all ranks meet at a barrier."""
+        self.watch.enter("checkpoint write")
+        self._flush_steps(step_log)
         if self.rank == 0:
-            path = checkpoint.save(self.cfg.checkpoint_dir, self._state(epoch, step), epoch,
-                                   step, write=self._write_checkpoint, keep=self.cfg.keep)
+            checkpoint.save(self.cfg.checkpoint_dir, self._state(epoch, step), epoch, step,
+                            write=self._write_checkpoint, keep=self.cfg.keep)
+        self.watch.enter("checkpoint barrier")
         self.comm.Barrier()
-        return path
+
+    def _synced(self, *args):
+        """The task's ``after_backward``: the gradient allreduce, marked for the watchdog."""
+        self.watch.enter("gradient allreduce")
+        out = self._after_backward(*args)
+        self.watch.enter("step")
+        return out
 
     def _resume(self) -> None:
-        found = checkpoint.load_latest(self.cfg.checkpoint_dir, self._read_checkpoint)
-        if found is None:
+        """Load the checkpoint ``loop.preflight`` read (``--resume``); none yet: start."""
+        if self.resume_from is None:
+            self._broadcast()
             if self.rank == 0:
-                print(f"hpcai-train: no checkpoint in {self.cfg.checkpoint_dir}; "
-                      "starting from scratch", flush=True)
+                print(f"hpcai-train: --resume: no checkpoint yet in {self.cfg.checkpoint_dir}, "
+                      "starting", flush=True)
             return
-        path, state = found
+        path, state = self.resume_from
         framework = state.get("framework", "pytorch")
         if framework != self.framework:
             raise UserError(f"checkpoint {path} was written by {framework}, this run is "
@@ -261,7 +274,9 @@ class Trainer(ABC):
                   f"{self.threads} thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
                   f"({cfg.lr_scaling} scaling of {cfg.lr:g}), {self.steps} steps/epoch, "
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
-                  f"{prov.mpi_library_version[:40]}", flush=True)
+                  f"{prov.mpi_library_version[:40]}, stall timeout {self.watch.describe()}",
+                  flush=True)
+        self.watch.start()
         for epoch in range(self.start_epoch, cfg.epochs):
             first_step = self.start_step if epoch == self.start_epoch else 0
             if self._epoch(epoch, first_step, flops, peak, prov):
@@ -270,7 +285,9 @@ class Trainer(ABC):
                     by = self.preemption.signal or "on another rank"
                     print(f"hpcai-train: preempted by signal {by}: checkpoint {name}; rerun "
                           "with --resume to continue", flush=True)
+                self.watch.finish()
                 return EXIT_PREEMPTED
+        self.watch.finish()
         return 0
 
     def _epoch(self, epoch: int, first_step: int, flops: float, peak: Peak,
@@ -288,14 +305,17 @@ class Trainer(ABC):
         start = time.perf_counter()
         stream = BatchStream(self.sharder, self.data, epoch, start_step=first_step,
                              prefetch=cfg.prefetch)
+        watch = self.watch
         try:
+            watch.begin_step(self.global_step)
             for step, x, y in stream:
                 if step >= self.steps:
                     break
+                watch.enter("step")
                 lr = self._set_lr(epoch, step)
                 seed = step_seed(cfg.seed, self.rank, epoch, step)
                 rng = self._step_rng(seed)
-                losses = self.task.train_step(x, y, rng, self._after_backward)
+                losses = self.task.train_step(x, y, rng, self._synced)
                 for key, value in losses.items():
                     sums[key] = sums.get(key, 0.0) + value
                 steps_done += 1
@@ -304,21 +324,25 @@ class Trainer(ABC):
                 if self.rank == 0:
                     step_log.append({"epoch": epoch, "step": step, **losses})
                 if cfg.verify_every and self.global_step % cfg.verify_every == 0:
+                    watch.enter("replica check")
                     verify_s += self._verify(exact=False, what="weights")
+                watch.enter("preemption check")
                 t0 = time.perf_counter()
                 stop = self.preemption.agreed(comm)
                 verify_s += time.perf_counter() - t0
+                watch.end_step()
                 if stop or (cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0):
-                    self._flush_steps(step_log)
-                    self._save(epoch, step + 1)
+                    self._save(epoch, step + 1, step_log)
                 if stop:
                     preempted = True
                     break
+                watch.begin_step(self.global_step)
         finally:
             stream.close()
-        self._flush_steps(step_log)
         if preempted:
             return True
+        watch.enter("epoch end")
+        self._flush_steps(step_log)
         if cfg.bn == "average":
             self._average_bn()
         verify_s += self._verify(exact=False, what="weights at epoch end",
@@ -333,15 +357,22 @@ class Trainer(ABC):
         samples_rank = steps_done * cfg.batch_size
         gflops_rank = flops * samples_rank / wall_max / 1e9 if wall_max > 0 else 0.0
         stats = [r.stats for r in self.reducers.values()]
+        compute_mean, comm_mean = mean(wall - comm_s - data_s), mean(comm_s)
+        grad_sync_mean = mean(grad_sync_s)
+        imbalance_mean = mean(sum(s.imbalance_s for s in stats))
+        data_mean = mean(data_s)
+        max_rss_mb = round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1)
+        watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
+        evaluated = self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None
         record = EpochRecord(
             model=cfg.model, framework=self.framework, epoch=epoch,
             steps=steps_done, first_step=first_step,
             epoch_time_s=round(wall_max, 4),
-            compute_s=round(mean(wall - comm_s - data_s), 4),
-            comm_s=round(mean(comm_s), 4),
-            grad_sync_s=round(mean(grad_sync_s), 4),
-            grad_sync_imbalance_s=round(mean(sum(s.imbalance_s for s in stats)), 4),
-            data_s=round(mean(data_s), 4),
+            compute_s=round(compute_mean, 4),
+            comm_s=round(comm_mean, 4),
+            grad_sync_s=round(grad_sync_mean, 4),
+            grad_sync_imbalance_s=round(imbalance_mean, 4),
+            data_s=round(data_mean, 4),
             samples_per_rank=samples_rank,
             samples_per_s_per_rank=round(samples_rank / wall_max, 3),
             samples_per_s=round(samples_rank * self.world / wall_max, 3),
@@ -357,15 +388,15 @@ class Trainer(ABC):
             allreduce=AllreduceTotals(bytes_per_rank=sum(s.bytes for s in stats),
                                       calls=sum(s.allreduces for s in stats),
                                       overlap=cfg.overlap, bucket_mb=cfg.bucket_mb),
-            max_rss_mb_per_rank=round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1),
+            max_rss_mb_per_rank=max_rss_mb,
             provenance=prov,
-            eval=self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None,
+            eval=evaluated,
         )
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(record.to_json() + "\n")
             self._print_epoch(record)
-        self._save(epoch + 1, 0)
+        self._save(epoch + 1, 0, step_log)
         return False
 
     def _print_epoch(self, r: EpochRecord) -> None:

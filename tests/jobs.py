@@ -1,0 +1,57 @@
+"""Training jobs started in the background: their rank processes found in /proc, by a tag."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import base_env, run
+
+
+def train(ranks: int, *args: str, env: dict | None = None, timeout: float = 300):
+    return run(["hpcai-launch", "-N", str(ranks), "--", "train", *args], env or base_env(),
+               timeout=timeout)
+
+
+def rank_pids(tag: str) -> dict[int, int]:
+    """PIDs of the ranks a test started (``HPCAI_TEST_TAG`` in their environment), by rank."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"HPCAI_TEST_TAG={tag}".encode() in env and b"train" in cmd \
+                and b"hpcai.launcher" not in cmd and b"mpirun" not in cmd:
+            for item in env:
+                if item.startswith(b"RANK="):
+                    found[int(item[5:])] = int(entry.name)
+    return found
+
+
+def start(out: Path, *args: str, tag: str, ranks: int = 2):
+    """``hpcai-launch -N ranks -- train ARGS --out OUT`` in the background, output to
+    OUT.log (next to OUT)."""
+    log = open(out.parent / f"{out.name}.log", "w")
+    proc = subprocess.Popen(["hpcai-launch", "-N", str(ranks), "--", "train", *args,
+                             "--out", str(out)], env=base_env(HPCAI_TEST_TAG=tag),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    return proc, Path(log.name)
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def both_ranks(tag: str) -> dict[int, int]:
+    return wait_for(lambda: (p := rank_pids(tag)) and len(p) == 2 and p, 60, "both ranks")

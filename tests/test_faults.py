@@ -1,0 +1,433 @@
+"""Faults for real: a killed, crashing, frozen or stuck rank ends the job, named; preemption
+signals (early ones too) checkpoint; --resume never silently starts over; checkpoints run no
+code. The stall watchdog's choice of the stalled rank and its bound, without MPI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import base_env
+from hpcai.core.errors import UserError
+from hpcai.training import checkpoint, watchdog
+from hpcai.training.watchdog import Beat, Watchdog, stalled_rank
+from jobs import both_ranks, start, train, wait_for
+
+TINY = ["resnet-tiny", "--image-size", "32", "--classes", "10", "--batch-size", "4",
+        "--peak-gflops", "50", "--verify-every", "5"]
+LONG = [*TINY, "--samples", "4096", "--epochs", "3", "--checkpoint-every", "0"]
+STALL = [*TINY, "--samples", "512", "--epochs", "2", "--checkpoint-every", "50",
+         "--stall-timeout", "15"]
+HOST = socket.gethostname()
+
+
+def records(out: Path, name: str = "epochs.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (out / name).read_text().splitlines()]
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (T: stopped, Z: zombie), or "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _kill_leftovers(pids: dict[int, int]) -> None:
+    for pid in pids.values():   # only the ranks this test started
+        if _state(pid) not in ("", "Z"):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- a killed or crashing rank --------------------------------------------------------------
+@pytest.mark.mpi
+def test_killed_rank_ends_the_job_promptly_and_is_named(tmp_path):
+    tag = uuid.uuid4().hex
+    proc, log = start(tmp_path / "run", *LONG, tag=tag)
+    try:
+        wait_for(lambda: "hpcai-train:" in log.read_text(), 120, "training start")
+        pids = both_ranks(tag)
+        os.kill(pids[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = proc.wait(timeout=30)
+        assert time.monotonic() - killed_at < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code != 0
+    assert "rank 1" in text, text[-2000:]
+
+
+@pytest.mark.mpi
+def test_exception_on_one_rank_aborts_all_with_root_cause(tmp_path):
+    env = base_env(HPCAI_INJECT_FAULT="1:3")
+    begun = time.monotonic()
+    result = train(2, *LONG, "--out", str(tmp_path / "run"), env=env, timeout=120)
+    assert result.returncode != 0
+    assert time.monotonic() - begun < 90
+    err = result.stderr
+    assert "error: hpcai-train: rank 1 of 2 on" in err and "injected fault" in err, err[-3000:]
+    assert "Traceback" in err and "MPI_ABORT" in err.upper()
+
+
+# -- a frozen or stuck rank: the stall watchdog ---------------------------------------------
+@pytest.mark.mpi
+@pytest.mark.parametrize("stopped", [1, 0])
+def test_a_frozen_rank_ends_the_job_within_the_bound_and_is_named(stopped, tmp_path):
+    """SIGSTOP one rank mid-training (after its first checkpoint, so the checkpoint barrier
+    was passed under the watchdog too): the job ends within --stall-timeout, plus rank 1's
+    grace of 5 s when rank 0 (the first monitor) is the frozen one, exit 124, and the one
+    message names the rank, its host and its step."""
+    out, tag = tmp_path / "run", uuid.uuid4().hex
+    proc, log = start(out, *STALL, tag=tag)
+    pids: dict[int, int] = {}
+    try:
+        wait_for(lambda: "hpcai-train:" in log.read_text(), 120, "training start")
+        pids = both_ranks(tag)
+        wait_for(lambda: list((out / "checkpoints").glob("ckpt-*.pt")), 120, "a checkpoint")
+        os.kill(pids[stopped], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        code = proc.wait(timeout=120)
+        elapsed = time.monotonic() - stopped_at
+        wait_for(lambda: _state(pids[stopped]) in ("", "Z"), 30, "the frozen rank to go")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_leftovers(pids)
+    text = log.read_text()
+    assert code == 124, text[-3000:]
+    bound = 15 + (5 if stopped == 0 else 0)
+    assert bound - 1 < elapsed < bound + 15, f"ended {elapsed:.1f} s after SIGSTOP"
+    found = re.search(rf"error: rank {stopped} on {re.escape(HOST)} made no progress for "
+                      r"(\d+) s \(step (\d+), phase ([a-z ]+); last heard (\d+) s ago\)", text)
+    assert found, text[-3000:]
+    assert text.count("error: ") == 1, text[-3000:]
+    assert int(found[1]) >= 15, found[0]
+    waits = re.search(r"rank (\d) waits in ([a-z ]+) of step (\d+)", text)
+    assert waits and int(waits[1]) == 1 - stopped, text[-3000:]
+    # the step as last heard (a heartbeat every 0.25 s here), a few steps of 0.06 s at most
+    # before the one the other rank waits in, which is past the first checkpoint (step 49)
+    assert 49 <= int(waits[3]) and 0 <= int(waits[3]) - int(found[2]) <= 10, text[-3000:]
+    assert "frozen or its node hung" in text and f"pid {pids[stopped]}" in text
+
+
+@pytest.mark.mpi
+def test_the_same_run_without_a_stall_finishes_with_the_watchdog_on(tmp_path):
+    """The control: the very same job, not stopped, ends 0 under the same 15 s bound."""
+    out = tmp_path / "run"
+    result = train(2, *STALL, "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stall timeout 15 s" in result.stdout
+    assert "error:" not in result.stderr and "made no progress" not in result.stderr
+    assert [r["epoch"] for r in records(out)] == [0, 1]
+    assert len(records(out, "steps.jsonl")) == 128
+
+
+@pytest.mark.mpi
+def test_a_rank_stuck_in_the_file_system_names_itself(tmp_path):
+    """Rank 0 blocks for good writing epochs.jsonl (a FIFO no one reads: like a stalled file
+    system, the process is alive and its watchdog runs): it names itself, step and phase."""
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / "epochs.jsonl")
+    result = train(2, *TINY, "--samples", "64", "--epochs", "2", "--stall-timeout", "10",
+                   "--out", str(out), timeout=180)
+    assert result.returncode == 124, result.stderr[-3000:]
+    err = result.stderr
+    assert re.search(rf"error: rank 0 on {re.escape(HOST)} made no progress for \d+ s "
+                     r"\(step 8, phase evaluation and records\)", err), err[-3000:]
+    assert "this rank is stuck in evaluation and records itself" in err
+    assert err.count("error: ") == 1
+
+
+# -- preemption -----------------------------------------------------------------------------
+@pytest.mark.mpi
+def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
+    args = [*TINY, "--samples", "2048", "--epochs", "2"]
+    reference = tmp_path / "reference"
+    result = train(2, *args, "--out", str(reference))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    out, tag = tmp_path / "preempted", uuid.uuid4().hex
+    proc, log = start(out, *args, tag=tag)
+    try:
+        wait_for(lambda: "hpcai-train:" in log.read_text(), 120, "training start")
+        pids = both_ranks(tag)
+        time.sleep(1.0)
+        for pid in pids.values():   # what Slurm does: the signal goes to every task
+            os.kill(pid, signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 75, text[-2000:]
+    assert "preempted by signal" in text and "--resume" in text
+    ckpts = list((out / "checkpoints").glob("ckpt-*.pt"))
+    assert ckpts, "no checkpoint written on SIGTERM"
+    assert not list((out / "checkpoints").glob(".*tmp*")), "temporary file left behind"
+    done_before = len(records(out, "steps.jsonl"))
+    assert 0 < done_before < 2 * 256, "signal did not arrive mid-run"
+
+    result = train(2, *args, "--out", str(out), "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resumed from" in result.stdout
+    ref = {(s["epoch"], s["step"]): s for s in records(reference, "steps.jsonl")}
+    got = records(out, "steps.jsonl")
+    keys = [(s["epoch"], s["step"]) for s in got]
+    assert len(keys) == len(set(keys)) == len(ref), "steps repeated or missing across resume"
+    for s in got:
+        r = ref[(s["epoch"], s["step"])]
+        assert s["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (s, r)
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """The process has a handler for ``sig`` (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M)[1], 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+def _maps_libmpi(pid: int) -> bool:
+    return "libmpi" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("moment", ["before MPI starts", "during data generation"])
+def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp_path):
+    """SIGUSR1 (the default action ends the process) that comes before MPI_Init or while rank
+    0 generates the data only sets the flag: the first step runs, is checkpointed, exit 75."""
+    out, tag = tmp_path / "run", uuid.uuid4().hex
+    if moment == "before MPI starts":
+        args = [*TINY, "--samples", "64", "--epochs", "1"]
+    else:
+        args = ["3dgan", "--generate", "4000", "--batch-size", "2", "--max-steps", "4",
+                "--epochs", "1", "--peak-gflops", "50", "--eval-samples", "0"]
+    proc, log = start(out, *args, tag=tag)
+    pids: dict[int, int] = {}
+    try:
+        pids = both_ranks(tag)
+        if moment == "before MPI starts":
+            wait_for(lambda: all(_catches(p, signal.SIGUSR1) for p in pids.values()), 60,
+                     "the signal handler")
+            mpi_started = [r for r, p in pids.items() if _maps_libmpi(p)]
+        else:
+            wait_for(lambda: list((out / "data").glob("*.h5")), 120, "data generation")
+        for pid in pids.values():
+            os.kill(pid, signal.SIGUSR1)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_leftovers(pids)
+    text = log.read_text()
+    assert code == 75, text[-3000:]
+    if moment == "before MPI starts":
+        assert not mpi_started, f"ranks {mpi_started} had loaded libmpi already"
+    else:
+        assert len(list((out / "data").glob("*.h5"))) == 4
+    assert f"preempted by signal {int(signal.SIGUSR1)}" in text
+    assert [(s["epoch"], s["step"]) for s in records(out, "steps.jsonl")] == [(0, 0)]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
+
+
+# -- --resume -------------------------------------------------------------------------------
+@pytest.mark.mpi
+def test_resume_with_no_checkpoint_yet_starts_and_says_so(tmp_path):
+    """What every resubmitted sbatch script does on its first run."""
+    out = tmp_path / "run"
+    result = train(2, *TINY, "--samples", "32", "--epochs", "1", "--resume", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"--resume: no checkpoint yet in {out / 'checkpoints'}, starting" in result.stdout
+    assert [r["epoch"] for r in records(out)] == [0]
+
+
+def _truncated_checkpoint(directory: Path) -> Path:
+    import torch
+
+    directory.mkdir(parents=True)
+    buffer = io.BytesIO()
+    torch.save({"modules": {"net": {"w": torch.zeros(4096)}}}, buffer)
+    path = directory / checkpoint.checkpoint_name(1, 0)
+    path.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    return path
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.mpi
+def test_resume_from_an_unreadable_checkpoint_is_an_error_and_trains_nothing(tmp_path):
+    out = tmp_path / "run"
+    bad = _truncated_checkpoint(out / "checkpoints")
+    before = _tree(out)
+    result = train(2, *TINY, "--samples", "32", "--epochs", "1", "--resume", "--out", str(out),
+                   timeout=180)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    err = result.stderr
+    assert err.count("error: ") == 1 and "hint: " in err, err
+    assert f"none of the 1 checkpoint(s) in {out / 'checkpoints'} can be read" in err
+    assert bad.name in err and "nothing was trained" in err
+    assert "MPI_ABORT" not in err.upper() and "hpcai-train:" not in result.stdout
+    assert _tree(out) == before, "something was written"
+
+
+# -- without MPI: what the stall watchdog decides -------------------------------------------
+def _heard(*beats_and_ages: tuple[Beat, float], now: float = 100.0):
+    return {b.rank: (b, now - age) for b, age in beats_and_ages}
+
+
+def test_a_silent_rank_that_got_least_far_is_the_stalled_one():
+    heard = _heard((Beat(0, 40, 9, "gradient allreduce", 0.2), 0.0),
+                   (Beat(1, 38, 9, "step", 0.1), 16.0))
+    stall = stalled_rank(heard, 100.0, bound=15, silence_s=2)
+    assert stall.beat.rank == 1 and stall.idle_s == pytest.approx(16.1)
+    assert stall.silent_s == pytest.approx(16.0)
+    assert stalled_rank(heard, 100.0, bound=17, silence_s=2) is None   # not yet
+
+
+def test_at_the_same_point_the_silent_rank_is_blamed_not_the_waiting_one():
+    heard = _heard((Beat(0, 40, 9, "gradient allreduce", 20.0), 0.0),   # waits, heard now
+                   (Beat(1, 40, 9, "gradient allreduce", 0.5), 16.0))   # frozen inside
+    assert stalled_rank(heard, 100.0, bound=15, silence_s=2).beat.rank == 1
+
+
+def test_an_alive_rank_stuck_behind_is_blamed_not_the_ones_waiting_for_it():
+    heard = _heard((Beat(0, 70, 8, "checkpoint write", 12.0), 0.0),
+                   (Beat(1, 71, 8, "checkpoint barrier", 16.0), 0.5),
+                   (Beat(2, 71, 8, "checkpoint barrier", 16.0), 0.5))
+    stall = stalled_rank(heard, 100.0, bound=15, silence_s=2)
+    assert stall.beat.rank == 0 and stall.beat.phase == "checkpoint write"
+
+
+def test_finished_ranks_are_not_stalled():
+    heard = _heard((Beat(0, 90, 20, "finish", 1.0), 0.0),
+                   (Beat(1, 90, 20, "finish", 0.0, finished=True), 30.0))
+    assert stalled_rank(heard, 100.0, bound=15, silence_s=2) is None
+
+
+class _Comm:
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return 2
+
+
+def test_the_automatic_bound_follows_the_longest_step_after_the_first(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    watch = Watchdog(_Comm(), None)
+
+    def step(seconds: float) -> None:
+        watch.begin_step(0)
+        clock[0] += seconds
+        watch.end_step()
+
+    assert watch.bound() == watchdog.WARMUP_S
+    step(40.0)                          # the first step traces: not counted
+    assert watch.bound() == watchdog.WARMUP_S
+    step(0.5)
+    assert watch.bound() == watchdog.FLOOR_S
+    step(9.0)
+    assert watch.bound() == pytest.approx(90.0)
+    watch.enter("evaluation and records")   # its first time: it may trace
+    assert watch.bound() == watchdog.WARMUP_S
+    step(1.0)
+    watch.enter("evaluation and records")
+    assert watch.bound() == pytest.approx(90.0)
+    assert Watchdog(_Comm(), 15.0).bound() == 15.0
+    assert Watchdog(_Comm(), 0.0).describe() == "off"
+
+
+# -- without MPI: checkpoints run no code -----------------------------------------------------
+class _Payload:
+    """Unpickling this touches a file: what a hostile checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_checkpoint_that_would_run_code_is_refused(tmp_path):
+    marker, path = tmp_path / "ran", tmp_path / checkpoint.checkpoint_name(1, 0)
+    path.write_bytes(pickle.dumps({"framework": "tensorflow", "x": _Payload(marker)}))
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        checkpoint.read_without_torch(path)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.read(path)
+    assert not marker.exists()
+    pickle.loads(path.read_bytes())   # the control: a plain unpickler runs it
+    assert marker.exists()
+
+
+def test_a_torch_checkpoint_that_would_run_code_is_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    marker, path = tmp_path / "ran", tmp_path / checkpoint.checkpoint_name(1, 0)
+    torch.save({"framework": "pytorch", "x": _Payload(marker)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.read(path)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.read_without_torch(path)
+    assert not marker.exists()
+    torch.load(path, weights_only=False)   # the control
+    assert marker.exists()
+
+
+def test_real_checkpoint_contents_still_load(tmp_path):
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    config = {"model": "3dgan", "data": None, "lr": 1e-3, "overlap": True}
+    torch_path, tf_path = tmp_path / "torch.pt", tmp_path / "tf.pt"
+    torch.save({"framework": "pytorch", "config": config, "modules": {"g": net.state_dict()},
+                "optimizers": {"g": opt.state_dict()}}, torch_path)
+    state = checkpoint.read(torch_path)
+    assert torch.equal(state["modules"]["g"]["weight"], net.weight)
+    assert state["optimizers"]["g"]["state"][0]["step"] == 1
+    arrays = [np.arange(6, dtype="f4").reshape(2, 3), np.array(7, dtype="i8"),
+              np.float32(0.5)]
+    with open(tf_path, "wb") as handle:
+        checkpoint.write_pickle({"framework": "tensorflow", "config": config,
+                                 "modules": {"g": arrays}}, handle)
+    got = checkpoint.read_without_torch(tf_path)["modules"]["g"]
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, arrays))
+    old = tmp_path / "old.pt"   # an earlier version's TF checkpoint: torch.save of arrays
+    torch.save({"framework": "tensorflow", "modules": {"g": arrays}}, old)
+    assert np.array_equal(checkpoint.read_without_torch(old)["modules"]["g"][0], arrays[0])
+    assert checkpoint.read_without_torch(torch_path)["modules"]["g"]["weight"] is None
+
+
+def test_resume_skips_a_bad_newest_checkpoint_but_never_starts_over(tmp_path, capsys):
+    directory = tmp_path / "checkpoints"
+    assert checkpoint.load_for_resume(directory, "tensorflow") is None   # none yet
+    directory.mkdir()
+    with open(directory / checkpoint.checkpoint_name(1, 0), "wb") as handle:
+        checkpoint.write_pickle({"epoch": 1}, handle)
+    (directory / checkpoint.checkpoint_name(2, 0)).write_bytes(b"\x80\x05truncated")
+    path, state = checkpoint.load_for_resume(directory, "tensorflow")
+    assert path.name == checkpoint.checkpoint_name(1, 0) and state == {"epoch": 1}
+    assert "skipping unreadable checkpoint" in capsys.readouterr().err
+    (directory / checkpoint.checkpoint_name(1, 0)).write_bytes(b"")
+    with pytest.raises(UserError, match="none of the 2 checkpoint"):
+        checkpoint.load_for_resume(directory, "tensorflow")
