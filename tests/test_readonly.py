@@ -188,10 +188,16 @@ def test_read_only_holds_for_a_user_who_is_not_root(image):
     container, with the argv hpcai builds for each rank."""
     top = Path(tempfile.mkdtemp(prefix="hpcai-ro-"))
     try:
+        # the image must be reachable by that user: a hard-linked copy outside root's home
+        shared = top / "image"
+        subprocess.run(["cp", "-al", str(image), str(shared)], check=True, timeout=600)
+        image = shared
         data, control = _data(top / "data"), _control(top / "control")
         (top / "attack.py").write_text(ATTACK)
-        for path in (top, *top.rglob("*")):
+        for path in (top, data, control, *data.rglob("*"), *control.rglob("*"),
+                     top / "attack.py"):
             os.chown(path, 65534, 65534, follow_symlinks=False)
+        top.chmod(0o755)
         spec = ContainerSpec("charliecloud", shutil.which("ch-run"), str(image),
                              (Bind(str(data), "/opt/hpcai/data", read_only=True),
                               Bind(str(control), "/opt/hpcai/out", read_only=False),
