@@ -8,6 +8,10 @@ exit code, ratios and problems with provenance (git commit, date, machine, MPI v
 image's manifest) to ``bench/results/validate_repeat-<hostname>.json``.
 
     python bench/validate_repeat.py [--image DIR] [--healthy 20] [--controls 5]
+
+The image must hold this checkout's hpcai (``charliecloud/build-image.sh`` refreshes its
+project layer in seconds); the ranks' working directory is a scratch directory under the
+current one.
 """
 
 from __future__ import annotations
@@ -44,13 +48,15 @@ def image_env() -> dict[str, str]:
     return env
 
 
-def _first_line(argv: list[str]) -> str | None:
+def _first_line(argv: list[str], containing: str = "") -> str | None:
+    """The first output line of ``argv`` that contains ``containing``."""
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except OSError:
         return None
-    lines = (out.stdout or out.stderr).strip().splitlines()
-    return lines[0].strip() if lines else None
+    lines = [line.strip() for line in (out.stdout or out.stderr).splitlines()
+             if containing in line]
+    return lines[0] if lines else None
 
 
 def provenance(image: Path) -> dict:
@@ -67,7 +73,7 @@ def provenance(image: Path) -> dict:
         "host": socket.gethostname(), "machine": model, "cpus": os.cpu_count(),
         "kernel": platform.release(), "python": platform.python_version(),
         "open_mpi": _first_line(["mpirun.openmpi", "--version"]),
-        "mpich": _first_line(["mpiexec.mpich", "--version"]),
+        "mpich": _first_line(["mpiexec.mpich", "--version"], "Version:"),
         "charliecloud": _first_line(["ch-run", "--version"]),
         "image": {"path": str(image), "mpi": manifest.get("mpi"),
                   "packages": manifest.get("packages"), "layers": manifest.get("layers")},

@@ -161,7 +161,8 @@ def _probe(argv: list[str]) -> int:
         host=hosts[rank], pid=os.getpid(), affinity=tuple(sorted(affinity)),
         affinity_list=format_cpulist(affinity),
         env={k: os.environ.get(k) for k in _TRANSLATED},
-        mpi_library_version=MPI.Get_library_version().strip().splitlines()[0],
+        mpi_library_version=MPI.Get_library_version().replace("\x00", "").strip()
+        .splitlines()[0],
         libmpi=(libmpi,) if libmpi else (), fabric=loaded_fabric(),
         pingpong=bench if rank == 0 else None, partner=partner if bench else None)
     if args.out:
