@@ -1,9 +1,13 @@
-"""A real MPI program that says who each rank is and where it runs.
+"""A real MPI program that says who each rank is, where it runs and which MPI it really uses.
 
-``python -m hpcai.launcher.probe [--out DIR]`` initialises MPI (mpi4py), checks the world
-with an allreduce, and prints (and writes ``DIR/rank-R.json``) the rank, world size, local
-rank, host, CPU affinity, thread env, the MPI library version and the path of the libmpi
-actually mapped into the process. It is the default demo and the test workload.
+``python -m hpcai.launcher.probe [--out DIR] [--bench]`` initialises MPI (mpi4py), checks the
+world with an allreduce, and prints (and writes ``DIR/rank-R.json``) the rank, world size,
+host, PID, CPU affinity, thread env, the MPI library version, the file that really defines
+``MPI_Init`` and the fabric libraries the MPI loaded (both by ``dladdr``, see
+:mod:`.libmpi`). A rank whose file already exists (two processes with the same rank: a
+singleton world, or a reused directory) writes ``rank-R.pid-P.json`` instead, so duplicates
+show. ``--bench`` adds a ping-pong at :data:`PINGPONG_SIZES` between rank 0 and a partner
+(the first rank on another host, else rank 1). It is the default demo and the test workload.
 """
 
 from __future__ import annotations
@@ -17,13 +21,31 @@ from pathlib import Path
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
+from .libmpi import defining_library, libmpi_path
 from .topology import format_cpulist
 
-PROBE_SCHEMA = 1
+PROBE_SCHEMA = 2
 
 _TRANSLATED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
                "HPCAI_CPUS")
+
+# Fabric library kind -> a function only that library defines (looked up with dladdr).
+FABRIC_SYMBOLS = {"libfabric": "fi_getinfo", "libpsm2": "psm2_init",
+                  "libucp": "ucp_init_version", "libibverbs": "ibv_get_device_list",
+                  "libnccl": "ncclGetVersion"}
+
+# Message size -> (round trips per sample, samples) of one ping-pong trial.
+PINGPONG_SIZES = {8: (50, 60), 64 << 10: (5, 60), 4 << 20: (1, 60)}
+
+
+@dataclass(frozen=True)
+class PingPong:
+    """One trial's ping-pong at one message size: half round-trip times over its samples."""
+
+    nbytes: int
+    median_us: float
+    best_us: float
 
 
 @dataclass(frozen=True)
@@ -39,16 +61,14 @@ class ProbeRecord:
     affinity_list: str
     env: dict[str, str | None]
     mpi_library_version: str
-    libmpi: tuple[str, ...]
-    libraries: dict[str, list[str]]          # kind (LIBRARY_KINDS) -> mapped paths
-    bench: dict[str, float] | None = None    # bandwidth_probe(), with --bench
+    libmpi: tuple[str, ...]                  # the file that defines MPI_Init (one; none: ())
+    fabric: dict[str, str]                   # kind (FABRIC_SYMBOLS) -> file, those loaded
+    pingpong: tuple[PingPong, ...] | None = None   # rank 0 with --bench
+    partner: int | None = None               # the rank rank 0 ping-ponged with
     schema: int = PROBE_SCHEMA
 
     def to_json(self) -> str:
-        data = asdict(self)
-        if self.bench is None:
-            del data["bench"]
-        return json.dumps(data, indent=1)
+        return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "probe record") -> "ProbeRecord":
@@ -59,6 +79,8 @@ class ProbeRecord:
                             "run the image's and the host's hpcai from the same version")
         data["affinity"] = tuple(data["affinity"])
         data["libmpi"] = tuple(data["libmpi"])
+        if data.get("pingpong") is not None:
+            data["pingpong"] = tuple(PingPong(**p) for p in data["pingpong"])
         return cls(**data)
 
     @classmethod
@@ -66,68 +88,50 @@ class ProbeRecord:
         return cls.from_json(path.read_text(), str(path))
 
 
-def mapped_libraries(prefixes: tuple[str, ...] = ("libmpi", "libmpich")) -> list[str]:
-    """Paths of shared objects mapped into this process whose file name starts with a prefix."""
-    found: list[str] = []
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        for line in maps:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6:
-                path = parts[5].strip()
-                if os.path.basename(path).startswith(prefixes) and path not in found:
-                    found.append(path)
-    return found
+def loaded_fabric() -> dict[str, str]:
+    """The fabric libraries this process loaded, by kind: the files defining their symbols."""
+    found = {kind: defining_library(symbol) for kind, symbol in FABRIC_SYMBOLS.items()}
+    return {kind: path for kind, path in found.items() if path}
 
 
-LIBRARY_KINDS = {"libmpi": ("libmpi.", "libmpich."), "libfabric": ("libfabric.",),
-                 "libpsm2": ("libpsm2.",), "libucp": ("libucp.",), "libnccl": ("libnccl.",)}
-
-
-def mapped_by_kind() -> dict[str, list[str]]:
-    """The libmpi / libfabric / libpsm2 / libucp / libnccl files really mapped, by kind."""
-    every = mapped_libraries(tuple(p for prefixes in LIBRARY_KINDS.values() for p in prefixes))
-    return {kind: [path for path in every if os.path.basename(path).startswith(prefixes)]
-            for kind, prefixes in LIBRARY_KINDS.items()}
-
-
-def bandwidth_probe(comm, MPI) -> dict:
-    """Ping-pong between ranks 0 and 1 (latency of 8 B, bandwidth of 4 MiB) and the
-    allreduce bandwidth of 16 MiB of float32 over all ranks. Best of the repetitions: on a
-    shared node the median wanders by 2x between runs, the best is what the path can do."""
+def pingpong(comm, partner: int) -> tuple[PingPong, ...]:
+    """Rank 0 and ``partner`` bounce a message; each sample times a batch of round trips
+    (one timer call per batch: at 8 B a round trip is well under a microsecond here)."""
     import time
 
     import numpy as np
 
-    out: dict = {}
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size >= 2:
-        for nbytes, reps, key in ((8, 200, "latency_us"), (4 << 20, 40, "bandwidth_GBps")):
-            times = []
-            for trial in range(reps):
-                if trial % 10 == 0:   # fresh buffers: one allocation's placement is luck
-                    buf = np.zeros(nbytes, dtype=np.uint8)
-                comm.Barrier()
-                t0 = time.perf_counter()
+    rank = comm.Get_rank()
+    results = []
+    for nbytes, (batch, samples) in PINGPONG_SIZES.items():
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        comm.Barrier()
+        halves = []
+        for sample in range(samples + 1):      # sample 0 warms the path up
+            t0 = time.perf_counter()
+            for _ in range(batch):
                 if rank == 0:
-                    comm.Send(buf, dest=1)
-                    comm.Recv(buf, source=1)
-                elif rank == 1:
+                    comm.Send(buf, dest=partner)
+                    comm.Recv(buf, source=partner)
+                elif rank == partner:
                     comm.Recv(buf, source=0)
                     comm.Send(buf, dest=0)
-                times.append((time.perf_counter() - t0) / 2)
-            half = min(times)
-            value = half * 1e6 if key == "latency_us" else nbytes / half / 1e9
-            out[key] = comm.bcast(value, root=0)
-    times = []
-    for trial in range(15):
-        if trial % 5 == 0:
-            data = np.ones(4 << 20, dtype=np.float32)
-        comm.Barrier()
-        t0 = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    out["allreduce_GBps"] = data.nbytes / min(times) / 1e9
-    return out
+            if sample:
+                halves.append((time.perf_counter() - t0) / (2 * batch) * 1e6)
+        results.append(PingPong(nbytes, float(np.median(halves)), min(halves)))
+    return tuple(results)
+
+
+def _write(out: Path, record: ProbeRecord) -> None:
+    """``rank-R.json``, or ``rank-R.pid-P.json`` when that exists (never overwritten)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".rank-{record.rank}.{record.pid}.tmp"
+    tmp.write_text(record.to_json())
+    try:
+        os.link(tmp, out / f"rank-{record.rank}.json")
+        tmp.unlink()
+    except FileExistsError:
+        tmp.replace(out / f"rank-{record.rank}.pid-{record.pid}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +143,7 @@ def _probe(argv: list[str]) -> int:
     parser.add_argument("--out", help="directory for rank-R.json files")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--bench", action="store_true",
-                        help="also measure ping-pong and allreduce bandwidth")
+                        help="also measure ping-pong latency and bandwidth")
     args = parser.parse_args(argv)
 
     from mpi4py import MPI
@@ -147,26 +151,26 @@ def _probe(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     total = comm.allreduce(rank, op=MPI.SUM)
+    hosts = comm.allgather(socket.gethostname())
+    partner = next((r for r, h in enumerate(hosts) if h != hosts[0]), 1)
+    bench = pingpong(comm, partner) if args.bench and size > 1 else None
     affinity = os.sched_getaffinity(0)
+    libmpi = libmpi_path()
     record = ProbeRecord(
         rank=rank, size=size, allreduce_ok=total == size * (size - 1) // 2,
-        host=socket.gethostname(), pid=os.getpid(), affinity=tuple(sorted(affinity)),
+        host=hosts[rank], pid=os.getpid(), affinity=tuple(sorted(affinity)),
         affinity_list=format_cpulist(affinity),
         env={k: os.environ.get(k) for k in _TRANSLATED},
-        mpi_library_version=MPI.Get_library_version().strip().splitlines()[0],
-        libmpi=tuple(mapped_libraries()), libraries=mapped_by_kind(),
-        bench=bandwidth_probe(comm, MPI) if args.bench else None)
+        mpi_library_version=MPI.Get_library_version().replace("\x00", "").strip()
+        .splitlines()[0],
+        libmpi=(libmpi,) if libmpi else (), fabric=loaded_fabric(),
+        pingpong=bench if rank == 0 else None, partner=partner if bench else None)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".rank-{rank}.json.tmp"
-        tmp.write_text(record.to_json())
-        tmp.replace(out / f"rank-{rank}.json")
+        _write(Path(args.out), record)
     if not args.quiet:
         line = (f"rank {rank}/{size} local {record.env['LOCAL_RANK']} on {record.host} "
                 f"cpus {record.affinity_list} threads {record.env['OMP_NUM_THREADS']} "
-                f"{record.mpi_library_version[:40]} "
-                f"libmpi {','.join(record.libmpi) or '?'}\n")
+                f"{record.mpi_library_version[:40]} libmpi {libmpi or '?'}\n")
         os.write(sys.stdout.fileno(), line.encode())  # one write: lines never interleave
     comm.Barrier()
     return 0 if record.allreduce_ok else 1

@@ -19,6 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..launcher.libmpi import libmpi_path
 from .record import Provenance
 
 
@@ -35,13 +36,6 @@ def best_gemm_gflops(multiply, size: int = 2048, repeats: int = 8) -> float:
         multiply()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
-
-
-def libmpi_path() -> str | None:
-    from ..launcher.probe import mapped_libraries
-
-    libs = mapped_libraries()
-    return libs[0] if libs else None
 
 
 def git_revision() -> str:

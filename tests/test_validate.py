@@ -1,0 +1,207 @@
+"""``hpcai-launch validate``: the healthy set-up passes, every negative control FAILS naming
+its cause, a bare side that cannot be measured is UNVERIFIED (exit 3), all as real runs in
+the image (tests/validate_controls.py). Plus the checks on hand-made records and the
+``dladdr`` helper that says which libmpi a process really uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import base_env, run
+from test_image import image, image_env  # noqa: F401 - fixture
+from test_image import pytestmark as IMAGE_MARKS
+from validate_controls import CONTROLS, HEALTHY, missing, run_scenario
+
+from hpcai.launcher.probe import PingPong, ProbeRecord
+from hpcai.launcher import validate
+from hpcai.launcher.validate import (Expectation, Launch, check_cpus, check_fabric,
+                                     check_mpi, check_world)
+
+
+def container(test):
+    """The image tests' marks (skipped where Charliecloud is missing), per test: the checks on
+    hand-made records below run everywhere."""
+    for mark in IMAGE_MARKS:
+        test = mark(test)
+    return test
+
+
+def _scenario(name: str, image: Path, tmp_path: Path):
+    why = missing(name)
+    if why:
+        pytest.skip(why)
+    return run_scenario(name, image, image_env(), tmp_path)
+
+
+@container
+def test_healthy_set_up_passes(image, tmp_path):
+    result = _scenario(HEALTHY, image, tmp_path)
+    assert result.code == 0, result.stdout + result.stderr[-3000:]
+    assert result.cause_named()
+    report = result.report
+    assert report["verdict"] == "OK" and report["trials_run"] == 5
+    assert [len(r["records"]) for r in report["container"]] == [2] * 5
+    assert [s["nbytes"] for s in report["sizes"]] == [8, 64 << 10, 4 << 20]
+    assert all(s["ratio"] >= 0.8 for s in report["sizes"] if s["judged"])
+    assert all(len(s["container_us"]) == len(s["bare_us"]) == 5 for s in report["sizes"])
+    for line in ("8 B: container", "64 KiB: container", "4 MiB: container", "spread", "ratio"):
+        assert line in result.stdout, result.stdout
+
+
+@container
+@pytest.mark.parametrize("control", CONTROLS)
+def test_negative_control_fails_naming_its_cause(control, image, tmp_path):
+    result = _scenario(control, image, tmp_path)
+    assert result.code == 1, f"{control}: exit {result.code}\n{result.stdout}{result.stderr}"
+    assert result.report["verdict"] == "FAIL" and not result.report["valid"]
+    assert result.cause_named(), f"{control}: cause not named\n{result.stdout}"
+    assert "verdict: FAIL (exit 1)" in result.stdout
+    if control == "tcp-fallback":   # world, MPI and CPUs are right: only the floor sees it
+        problems = result.report["problems"]
+        assert problems and all("ping-pong" in p for p in problems), problems
+        ratios = {s["nbytes"]: s["ratio"] for s in result.report["sizes"]}
+        assert ratios[4 << 20] < 0.5 and ratios[64 << 10] < 0.6, ratios
+
+
+@container
+def test_bare_side_that_cannot_run_is_unverified(image, tmp_path):
+    """The host's Python cannot import mpi4py (a sitecustomize blocks it, on PYTHONPATH in
+    /var/tmp, which ch-run does not bind: the image's Python is unaffected). The floor cannot
+    be checked: exit 3, never OK."""
+    shim = Path(tempfile.mkdtemp(prefix="hpcai-no-mpi4py-", dir="/var/tmp"))
+    try:
+        (shim / "sitecustomize.py").write_text("import sys\nsys.modules['mpi4py'] = None\n")
+        env = image_env()
+        env["PYTHONPATH"] = str(shim)
+        result = run(["hpcai-launch", "validate", "--container", str(image), "-N", "2",
+                      "--json", str(tmp_path / "r.json")], env, cwd=tmp_path, timeout=600)
+    finally:
+        shutil.rmtree(shim)
+    assert result.returncode == 3, result.stdout + result.stderr[-3000:]
+    assert "UNVERIFIED: the bare host probe did not measure in trial(s) 1-5 of 5" \
+        in result.stdout, result.stdout
+    assert "mpi4py" in result.stdout, result.stdout     # the reason, from the bare probe
+    assert "verdict: UNVERIFIED (exit 3)" in result.stdout and "OK:" not in result.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "UNVERIFIED"
+
+
+@container
+@pytest.mark.parametrize("args, message", [
+    (["--trials", "3"], "needs at least 5 trials"),
+    (["--threshold", "1.5"], "is not a ratio"),
+    (["-N", "1"], "validate needs two"),
+])
+def test_usage_errors(args, message, image, tmp_path):
+    result = run(["hpcai-launch", "validate", "--container", str(image), "-N", "2", *args],
+                 image_env(), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "hint: " in result.stderr
+    assert not list(tmp_path.iterdir()), "nothing may be run or written"
+
+
+# --- the checks, on hand-made records -----------------------------------------------------
+
+WANT = Expectation(world=2, host="n1", cpus={0: (0,), 1: (1,)},
+                   libmpi_prefix="/opt/hpcai/host", unbound=None,
+                   host_roots=("/opt/hpcai/host", "/opt/hpcai/work"), topology="test")
+
+
+def _record(rank: int, size: int = 2, *, pid: int = 100, host: str = "n1", local: int = 0,
+            cpus: tuple[int, ...] = (0,), libmpi: str = "/opt/hpcai/host/lib/libmpi.so.40",
+            fabric: dict[str, str] | None = None, plan: str | None = None) -> ProbeRecord:
+    return ProbeRecord(rank=rank, size=size, allreduce_ok=True, host=host, pid=pid + rank,
+                       affinity=cpus, affinity_list=",".join(map(str, cpus)),
+                       env={"LOCAL_RANK": str(local), "HPCAI_CPUS": plan},
+                       mpi_library_version="Open MPI v4.1.4",
+                       libmpi=(libmpi,), fabric=fabric or {},
+                       pingpong=(PingPong(8, 0.5, 0.4),) if rank == 0 else None)
+
+
+def _launch(*records: ProbeRecord) -> Launch:
+    return Launch("container", 0, "", records)
+
+
+def test_world_checks():
+    good = _launch(_record(0), _record(1, local=1, cpus=(1,)))
+    assert check_world(good, WANT) == []
+    singletons = check_world(_launch(_record(0, 1), _record(0, 1, pid=200)), WANT)
+    assert any("rank 0 reported by 2 processes" in p for p in singletons), singletons
+    assert any(p.startswith("singleton world: 2 processes") for p in singletons), singletons
+    short = check_world(_launch(_record(0)), WANT)
+    assert "1 probe record(s) for a planned world of 2" in short
+    assert "rank(s) 1 of 2 did not report" in short
+    big = check_world(_launch(_record(0, 3), _record(1, 3), _record(2, 3)), WANT)
+    assert "3 probe record(s) for a planned world of 2" in big
+    assert "rank 0 on n1 sees a world of 3, the plan has 2" in big
+    crashed = Launch("container", 1, "Traceback\n  File x\nImportError: no mpi4py\n"
+                                     "mpirun detected that one or more processes exited", ())
+    assert check_world(crashed, WANT) == [
+        "no rank reported; the container probe exited 1: ImportError: no mpi4py"]
+
+
+def test_mpi_cpu_and_fabric_checks():
+    image_mpi = _launch(_record(0, libmpi="/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4"))
+    assert check_mpi(image_mpi, WANT) == [
+        "rank 0 on n1 runs MPI from the image's /usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4, "
+        "not from /opt/hpcai/host"]
+    swapped = _launch(_record(0, cpus=(1,)), _record(1, local=1, cpus=(0,)))
+    assert [p.split(",")[0] for p in check_cpus(swapped, WANT)] == [
+        "rank 0 on n1 (local rank 0) runs on CPUs 1", "rank 1 on n1 (local rank 1) runs on CPUs 0"]
+    remote = _launch(_record(1, host="n2", cpus=(3,), plan="2"))
+    assert "the per-rank plan (HPCAI_CPUS) has 2" in check_cpus(remote, WANT)[0]
+    bare = Launch("bare", 0, "", (_record(0, fabric={"libucp": "/usr/lib/libucp.so.0"}),))
+    host_ucx = _launch(_record(0, fabric={"libucp": "/opt/hpcai/host/lib/libucp.so.0"}))
+    assert check_fabric(host_ucx, bare, WANT) == []
+    image_ucx = _launch(_record(0, fabric={"libucp": "/usr/lib/libucp.so.0"}))
+    assert "loads libucp from the image (/usr/lib/libucp.so.0)" in check_fabric(
+        image_ucx, bare, WANT)[0]
+    assert "loads no libucp" in check_fabric(_launch(_record(0)), bare, WANT)[0]
+
+
+def test_a_launch_that_does_not_end_is_stopped_with_its_children(monkeypatch, tmp_path):
+    monkeypatch.setattr(validate, "LAUNCH_TIMEOUT_S", 1)
+    pid_file = tmp_path / "child"
+    code, err = validate._run(["sh", "-c", 'sleep 60 & echo $! > "$0"; wait', str(pid_file)])
+    assert code == -1 and "no end after 1 s: stopped" in err
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the launch's child {child} is still running")
+
+
+# --- which libmpi: dladdr ----------------------------------------------------------------
+
+def _python(code: str, **env: str) -> str:
+    result = subprocess.run([sys.executable, "-c", code], env=base_env(**env),
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.mpi
+def test_libmpi_path_is_the_file_defining_mpi_init():
+    from conftest import FLAVOURS
+    if "openmpi" not in FLAVOURS:
+        pytest.skip("needs Open MPI")
+    expected = os.path.realpath("/usr/lib/x86_64-linux-gnu/libmpi.so.40")
+    code = ("from hpcai.launcher.libmpi import libmpi_path; before = libmpi_path()\n"
+            "{load}\nprint(before, libmpi_path())")
+    # no MPI loaded: None; mpi4py's libmpi; a libmpi loaded privately (RTLD_LOCAL)
+    assert _python(code.format(load="from mpi4py import MPI"),
+                   MPI4PY_MPIABI="openmpi") == f"None {expected}"
+    assert _python(code.format(load="import ctypes, os; "
+                                    "ctypes.CDLL('libmpi.so.40', mode=os.RTLD_LOCAL)")) \
+        == f"None {expected}"
