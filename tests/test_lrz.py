@@ -29,7 +29,8 @@ from hpcai.launcher.containerplan import ContainerFacts, container_env
 from hpcai.launcher.hostlibs import LibFile
 from hpcai.launcher.site import SiteProfile
 from hpcai.slurm import pmi
-from localcluster import LocalCluster, missing_programs
+from localcluster import missing_programs
+from test_netns import cluster  # noqa: F401 - the 2-node netns cluster fixture
 from test_image import image  # noqa: F401 - the image fixture
 from test_image import pytestmark as IMAGE_MARKS
 
@@ -88,19 +89,6 @@ def _shape(line: str) -> list[str]:
     tokens = shlex.split(line)
     head = tokens[:tokens.index("--")]
     return [t.split("=")[0] for t in head if t.startswith("-")]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(fake_nodes=2, cpus_per_node=2, netns=True)
-    try:
-        c.start()
-    except netns.NetnsError as exc:
-        pytest.skip(f"no network namespaces here: {exc}")
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def _marked(*marks):
