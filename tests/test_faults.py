@@ -117,9 +117,11 @@ def test_a_frozen_rank_ends_the_job_within_the_bound_and_is_named(stopped, tmp_p
     assert int(found[1]) >= 15, found[0]
     waits = re.search(r"rank (\d) waits in ([a-z ]+) of step (\d+)", text)
     assert waits and int(waits[1]) == 1 - stopped, text[-3000:]
-    # the step as last heard (a heartbeat every 0.25 s here), a few steps of 0.06 s at most
-    # before the one the other rank waits in, which is past the first checkpoint (step 49)
-    assert 49 <= int(waits[3]) and 0 <= int(waits[3]) - int(found[2]) <= 10, text[-3000:]
+    # the step named is the one last heard, never ahead of the step the other rank waits in
+    # (past the first checkpoint, step 49). How far behind depends on how often the heartbeat
+    # thread got a core: with both ranks busy-polling in MPI on 2 cores, CI saw it 13-15 steps
+    # (< 1 s) behind. It stays within the epoch: a stale "start" beat would say step 0.
+    assert 49 <= int(waits[3]) and 0 <= int(waits[3]) - int(found[2]) < 32, text[-3000:]
     assert "frozen or its node hung" in text and f"pid {pids[stopped]}" in text
 
 
