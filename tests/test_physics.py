@@ -112,3 +112,31 @@ def test_generated_showers_must_share_the_real_energies():
     x = _lateral_gauss(ENERGIES)
     with pytest.raises(ValueError, match="energies"):
         physics.compare(physics.summarise(x, ENERGIES), physics.summarise(x, ENERGIES + 1), 0)
+
+
+def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
+    from hpcai.slurm import report
+    from hpcai.training import validation
+    from hpcai.training.shower_data import DatasetIndex
+
+    held_out = DatasetIndex((tmp_path / "Ele_9_0.h5",), (7,))
+    x = _lateral_gauss(ENERGIES)
+    real = physics.summarise(x, ENERGIES, aux=ENERGIES / 100)
+    for epoch, scale in ((1, 1.5), (0, 2.0)):   # the last: a resumed run's epoch 0
+        gen = physics.summarise(scale * x, ENERGIES, aux=ENERGIES / 100)
+        validation.record(tmp_path, physics.compare(real, gen, epoch), held_out)
+    doc = json.loads((tmp_path / "physics.json").read_text())
+    assert [v["epoch"] for v in doc["validations"]] == [0]   # later epochs replaced
+    assert doc["validations"][0]["summary"]["profile_distance_z"] == pytest.approx(1.0)
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "Held-out files: Ele_9_0.h5" in out and "| 0 | 7 |" in out
+    assert "| 10-100 | 2 | 0.02 / 0.04 | 1 | 1 | 1 |" in out
+    for name in ("physics-profiles.png", "physics-sampling-fraction.png",
+                 "physics-metrics.png"):
+        assert (tmp_path / "rep" / name).read_bytes()[:4] == b"\x89PNG"
+    # the negative control: a physics.json without a validation is refused, named
+    (tmp_path / "physics.json").write_text(json.dumps({**doc, "validations": []}))
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "physics.json" in err and "hint: " in err

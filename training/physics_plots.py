@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PHYSICS_FILE = "physics.json"   # written by ``validation.record``
+SCHEMA_VERSION = 1              # of physics.json
 PLOT_NAMES = ("physics-profiles.png", "physics-sampling-fraction.png", "physics-metrics.png")
 
 

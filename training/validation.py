@@ -27,10 +27,9 @@ import numpy as np
 from ..models.gan3d_spec import ENERGY_SCALE_GEV, LATENT
 
 from . import physics
+from .physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
 from .shower_data import DatasetIndex, ShowerReader
 
-PHYSICS_FILE = "physics.json"
-SCHEMA_VERSION = 1
 LATENT_SEED = 0x3D6A   # with --seed: the per-event latent vectors of every validation
 
 
@@ -93,8 +92,6 @@ def record(out_dir: Path, validation: physics.Validation, held_out: DatasetIndex
     """Rank 0: add ``validation`` to ``OUT/physics.json`` (replacing any of the same or a
     later epoch, left by a run that was resumed) and redraw the plots. Returns the JSON's
     path."""
-    from .physics_plots import write_plots
-
     path = out_dir / PHYSICS_FILE
     history = []
     if path.exists():
