@@ -220,6 +220,12 @@ def check_options(ns: argparse.Namespace) -> None:
                 raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
                                 "leave it out; --samples, --image-size and --classes shape "
                                 "the images")
+    if ns.framework == "tensorflow":
+        for flag, value, default in (("--bn-axis", ns.bn_axis, "channels"),
+                                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps, "freeze")):
+            if value != default:
+                raise UserError(f"{flag} {value} is implemented for PyTorch only",
+                                f"use --framework pytorch, or leave {flag} out ({default})")
     if ns.bucket_mb is not None and ns.framework == "tensorflow" and ns.comm == "horovod":
         raise UserError("--bucket-mb has no effect with --framework tensorflow --comm "
                         "horovod: Horovod fuses the tensors itself",

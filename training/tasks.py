@@ -71,8 +71,9 @@ class GanTask:
 
     def __init__(self, cfg: TrainConfig, lr: float) -> None:
         init = torch.Generator().manual_seed(cfg.seed)
-        self.G = gan3d.Generator(rng=init)
-        self.D = gan3d.Discriminator(rng=init)
+        self.G = gan3d.Generator(rng=init, bn_axis=cfg.bn_axis)
+        self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis)
+        self.d_bn_in_g_steps = cfg.d_bn_in_g_steps
         if cfg.channels_last:
             self.G = self.G.to(memory_format=torch.channels_last_3d)
             self.D = self.D.to(memory_format=torch.channels_last_3d)
@@ -94,7 +95,7 @@ class GanTask:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
-                                   after_backward)
+                                   after_backward, self.d_bn_in_g_steps)
 
     @torch.no_grad()
     def evaluate(self, x: np.ndarray, e: np.ndarray) -> dict[str, float]:
