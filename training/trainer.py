@@ -2,7 +2,8 @@
 
 Per step: this rank's shard of a seed-shuffled epoch order, the task's step with gradients
 averaged across ranks, a cheap replica check every K steps, a collective look at the
-preemption flag. Per epoch: BatchNorm statistics handled as asked, replicas verified, one
+preemption flag. Per epoch: BatchNorm statistics handled as asked, replicas verified, the
+3DGAN's physics validation on held-out files when due (``validation.py``), one
 :class:`~.record.EpochRecord` (time split, samples/s, FLOP rate, % of peak, provenance) and
 an atomic checkpoint. From the first step to the end, each phase is marked for the stall
 watchdog (``watchdog.py``), in the same order on every rank.
