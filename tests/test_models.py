@@ -433,6 +433,7 @@ def test_batchnorm_over_depth_reproduces_cerns_parameter_counts():
 
 @pytest.mark.parametrize("mode", ["freeze", "update"])
 def test_discriminator_bn_statistics_in_generator_steps(mode, G, D):
+    G, D = copy.deepcopy(G).train(), copy.deepcopy(D).train()   # as in gan_iteration
     stats = lambda: [b.clone() for n, b in D.named_buffers() if "running" in n]  # noqa: E731
     before = stats()
     with gan3d.frozen(D, mode):
