@@ -14,12 +14,15 @@ It passes when, for every seed,
 - each profile distance (x, y, z) at the last validation is at most half the first one,
   and the smallest fall over seeds is larger than the spread of the last values over seeds.
 
-    python bench/learning.py [--seeds 1,2,3] [--epochs 8] [--max-steps 24] [--events 2048]
-                             [--batch-size 8] [--validate-events 128] [--json PATH]
+    python bench/learning.py [--seeds 1,2,3] [--epochs 6] [--max-steps 16] [--events 1024]
+                             [--batch-size 4] [--validate-events 128] [--json PATH]
 
-Run it on an otherwise idle machine: with the defaults each seed takes about 8 x 24 steps of
-2 x 8 events (one step about 2.5 s on two idle cores) plus 8 validations (about 5 s each):
-about 10 minutes per seed, 30 minutes for three.
+Run it on an otherwise idle machine. Expected duration with the defaults (an estimate, not a
+full run: a 2-rank step of batch 2 per rank took about 2.1 s in this machine's smoke runs, so
+batch 4 about 4 s): 6 x 16 steps, about 6.5 minutes, plus 6 validations of 128 events,
+about half a minute: about 7 minutes per seed, about 20 minutes for three. A budget this size
+may be too small for the criteria; the JSON then shows how far each metric got, and a larger
+``--epochs`` / ``--max-steps`` is the lever.
 """
 
 from __future__ import annotations
@@ -133,10 +136,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--max-steps", type=int, default=24)
-    parser.add_argument("--events", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--max-steps", type=int, default=16)
+    parser.add_argument("--events", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--validate-events", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=3600, help="per seed (s)")
     parser.add_argument("--json", default=None,
