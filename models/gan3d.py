@@ -96,7 +96,22 @@ class Conv3dSame(nn.Conv3d):
         return super().forward(F.pad(x, self.same_pad))
 
 
-def _bn(channels: int) -> nn.BatchNorm3d:
+BN_AXES = ("channels", "depth")
+
+
+class DepthBatchNorm3d(nn.BatchNorm3d):
+    """Keras ``BatchNormalization()`` (default axis -1) on channels-first data, as in the run
+    behind the papers [CERN]: one mean, variance, scale and offset per calorimeter layer (the
+    last spatial axis), over the batch, the channels and the two transverse axes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.transpose(1, 4)).transpose(1, 4)
+
+
+def _bn(channels: int, depth: int, axis: str) -> nn.BatchNorm3d:
+    """BatchNorm over ``channels`` (``axis`` "channels") or the ``depth`` layers ("depth")."""
+    if axis == "depth":
+        return DepthBatchNorm3d(depth, eps=BN_EPS, momentum=BN_MOMENTUM)
     return nn.BatchNorm3d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
 
 
@@ -135,22 +150,23 @@ class Generator(nn.Module):
     """Generator: input ``E' * z`` of shape (N, 200) -> shower (N, 1, 25, 25, 25), values >= 0.
 
     ``dense`` -> Keras Reshape((7,7,8,8)) on channels-last data, then ``body`` (layers 3-16 of
-    docs/3dgan.md).
+    docs/3dgan.md). ``bn_axis`` "depth": BatchNorm per calorimeter layer (``DepthBatchNorm3d``).
     """
 
-    def __init__(self, latent: int = LATENT, rng: torch.Generator | None = None):
+    def __init__(self, latent: int = LATENT, rng: torch.Generator | None = None,
+                 bn_axis: str = "channels"):
         super().__init__()
         self.latent = latent
         self.dense = nn.Linear(latent, 7 * 7 * 8 * 8)                            # 1
         self.body = nn.Sequential(
             Conv3dSame(8, 64, (6, 6, 8)),                                        # 3
             nn.LeakyReLU(LEAKY_ALPHA),                                           # 4
-            _bn(64),                                                             # 5
+            _bn(64, 8, bn_axis),                                                 # 5
             Upsample3d((2, 2, 2)),                                               # 6
             ZeroPad3d((2, 2, 0)),                                                # 7
             nn.Conv3d(64, 6, (6, 5, 8)),                                         # 8
             nn.LeakyReLU(LEAKY_ALPHA),                                           # 9
-            _bn(6),                                                              # 10
+            _bn(6, 9, bn_axis),                                                  # 10
             Upsample3d((2, 2, 3)),                                               # 11
             ZeroPad3d((1, 0, 3)),                                                # 12
             nn.Conv3d(6, 6, (3, 3, 8)),                                          # 13
@@ -175,20 +191,25 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """Discriminator: image (N,1,25,25,25) -> (fake prob (N,1), aux E' (N,1), ecal sum (N,1))."""
+    """Discriminator: image (N,1,25,25,25) -> (fake prob (N,1), aux E' (N,1), ecal sum (N,1)).
 
-    def __init__(self, rng: torch.Generator | None = None):
+    ``bn_axis`` as for :class:`Generator`."""
+
+    def __init__(self, rng: torch.Generator | None = None, bn_axis: str = "channels"):
         super().__init__()
         lrelu = lambda: nn.LeakyReLU(LEAKY_ALPHA)  # noqa: E731
         self.features = nn.Sequential(
             nn.Sequential(                                                       # block 1
                 Conv3dSame(1, 32, 5), lrelu(), nn.Dropout(DROPOUT)),
             nn.Sequential(                                                       # block 2
-                ZeroPad3d(2), nn.Conv3d(32, 8, 5), lrelu(), _bn(8), nn.Dropout(DROPOUT)),
+                ZeroPad3d(2), nn.Conv3d(32, 8, 5), lrelu(), _bn(8, 25, bn_axis),
+                nn.Dropout(DROPOUT)),
             nn.Sequential(                                                       # block 3
-                ZeroPad3d(2), nn.Conv3d(8, 8, 5), lrelu(), _bn(8), nn.Dropout(DROPOUT)),
+                ZeroPad3d(2), nn.Conv3d(8, 8, 5), lrelu(), _bn(8, 25, bn_axis),
+                nn.Dropout(DROPOUT)),
             nn.Sequential(                                                       # block 4
-                ZeroPad3d(1), nn.Conv3d(8, 8, 5), lrelu(), _bn(8), nn.Dropout(DROPOUT)),
+                ZeroPad3d(1), nn.Conv3d(8, 8, 5), lrelu(), _bn(8, 23, bn_axis),
+                nn.Dropout(DROPOUT)),
         )
         self.pool = nn.AvgPool3d(2)  # Keras 'valid': 23 -> 11
         self.fake = nn.Linear(11 * 11 * 11 * 8, 1)
@@ -293,21 +314,28 @@ def discriminator_fake_loss(D: Discriminator, G: Generator, e: torch.Tensor,
     return weighted_loss(parts), parts
 
 
+D_BN_IN_G_STEPS = ("freeze", "update")
+
+
 @contextlib.contextmanager
-def frozen(D: nn.Module) -> Iterator[None]:
-    """Freeze D the way Keras' combined model does (``discriminator.trainable = False``).
+def frozen(D: nn.Module, bn_statistics: str = "freeze") -> Iterator[None]:
+    """Freeze D's weights for a generator step (Keras' ``discriminator.trainable = False``).
 
     * ``requires_grad`` is switched off for D's parameters, so no gradient is computed or
       accumulated for them (and an optimiser over G cannot touch them anyway).
-    * D stays in *train* mode: in the reference (Keras 2 ``train_on_batch`` runs with learning
-      phase 1) a frozen discriminator still applies dropout and normalises with the batch
-      statistics.  The Keras 2 ``Network.updates`` of a non-trainable model is empty, so the
-      BatchNorm moving averages are NOT updated during generator steps; we reproduce that by
-      turning ``track_running_stats`` off temporarily (batch statistics, no buffer update).
+    * D stays in *train* mode, as in [CERN] (Keras 2 ``train_on_batch`` runs with learning
+      phase 1): a frozen discriminator still applies dropout and normalises with the batch
+      statistics.
+    * ``bn_statistics`` "update" is [CERN]'s behaviour, the reference: its trainer keeps
+      updating D's BatchNorm moving averages during the generator steps (its authors'
+      "workaround for a k2 bug"). "freeze" (this project's default) leaves them alone, by
+      turning ``track_running_stats`` off for the duration (batch statistics, no buffer
+      update). See docs/3dgan.md.
     """
     params = [(p, p.requires_grad) for p in D.parameters()]
-    bns = [(m, m.track_running_stats) for m in D.modules()
-           if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    bns = ([(m, m.track_running_stats) for m in D.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+           if bn_statistics == "freeze" else [])
     try:
         for p, _ in params:
             p.requires_grad_(False)
@@ -354,8 +382,11 @@ def _record(out: dict[str, float], key: str, total: torch.Tensor, parts) -> None
 def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
                   opt_d: torch.optim.Optimizer, x: torch.Tensor, e: torch.Tensor,
                   rng: torch.Generator,
-                  after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
+                  after_backward: Callable[[nn.Module], None] | None = None,
+                  d_bn_in_g_steps: str = "freeze") -> dict[str, float]:
     """Four optimiser steps: D on the real batch, D on a generated batch, G, G.
+
+    ``d_bn_in_g_steps``: D's BatchNorm moving statistics in the G steps (``frozen``).
 
     ``after_backward(module)`` is called after every ``backward()`` and before the matching
     ``step()`` with the module about to be stepped (D or G), e.g. to allreduce its gradients.
@@ -388,7 +419,7 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
     # 3./4. G twice with fresh E' and z, D frozen
     for key in ("g1", "g2"):
         opt_g.zero_grad(set_to_none=False)
-        with frozen(D):
+        with frozen(D, d_bn_in_g_steps):
             total, parts = generator_loss(D, G, e, rng)
             step(G, opt_g, total)
         _record(out, key, total, parts)

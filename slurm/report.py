@@ -2,6 +2,9 @@
 
     hpcai-launch report RESULTS [--out DIR] [--include-first-epoch]
 
+(A 3DGAN run directory, one holding ``physics.json``, gets its physics validation instead:
+``physics_report``.)
+
 Reads what ``hpcai-launch sweep`` leaves behind, one directory per point::
 
     RESULTS/<point>/point.json    {"nodes", "ranks_per_node", "threads_per_rank", "repeat",
@@ -48,6 +51,7 @@ from pathlib import Path
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
 from ..training.record import EpochRecord, OtherRecord, RecordError
+from ..training.physics_plots import PHYSICS_FILE
 from .points import PointRecord
 
 POINT_FILE = "point.json"
@@ -411,7 +415,9 @@ def plot(rows: list[Row], path: str | Path) -> None:
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = Parser(prog="hpcai-launch report",
                      description="Scaling tables and a plot from a sweep's results.")
-    parser.add_argument("results", metavar="RESULTS", help="the directory the sweep wrote")
+    parser.add_argument("results", metavar="RESULTS",
+                        help="the directory the sweep wrote, or a 3dgan run directory "
+                             "(its physics.json: tables and PNGs)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="where scaling.{md,csv,json,png} go (default RESULTS)")
     parser.add_argument("--include-first-epoch", action="store_true",
@@ -424,6 +430,10 @@ def run(argv: list[str]) -> int:
     ns = _parse(argv)
     results = Path(ns.results)
     out = Path(ns.out) if ns.out else results
+    if (results / PHYSICS_FILE).is_file():
+        from .physics_report import run as physics_report
+
+        return physics_report(results, out)
     rows, problems = collect(results, ns.include_first_epoch, skip=out)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)

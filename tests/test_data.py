@@ -14,8 +14,8 @@ from hpcai.core.errors import UserError
 from hpcai.models.gan3d_spec import sampling_fraction
 from hpcai.training import showers
 from hpcai.training.batches import BatchStream, EpochSharder
-from hpcai.training.shower_data import (DatasetIndex, ShowerReader, find_files, preprocess,
-                                        validate)
+from hpcai.training.shower_data import (DatasetIndex, ShowerReader, default_test_files,
+                                        find_files, preprocess, split_files, validate)
 from hpcai.training.synthetic_images import SyntheticImages
 
 N_FILES, N_EVENTS = 2, 64
@@ -314,3 +314,42 @@ def test_synthetic_images():
     steps = [(s, xb.shape, yb.shape)
              for s, xb, yb in BatchStream(sharder, data, 0, prefetch=False)]
     assert len(steps) == 50 // 8 and steps[0][1] == (4, 3, 32, 32)
+
+
+# -- the held-out split (--test-files) ------------------------------------------------------
+
+
+def _index(n_files: int) -> DatasetIndex:
+    return DatasetIndex(tuple(Path(f"Ele_1_{i}.h5") for i in range(n_files)), (10,) * n_files)
+
+
+@pytest.mark.parametrize("n_files,default", [(1, 0), (2, 1), (9, 1), (20, 2), (35, 3)])
+def test_default_held_out_files_are_ten_percent_and_at_least_one(n_files, default):
+    assert default_test_files(n_files) == default
+    train, held_out = split_files(_index(n_files), None)
+    assert len(train.files) == n_files - default
+    assert (held_out is None) == (default == 0)
+
+
+def test_the_last_files_are_held_out_and_never_sharded_for_training():
+    index = _index(20)
+    train, held_out = split_files(index, 3)
+    assert held_out.files == index.files[17:] and train.files == index.files[:17]
+    assert train.total == 170 and held_out.total == 30
+    seen = set()
+    for rank in range(2):   # every event any rank reads in two epochs
+        sharder = EpochSharder(len(train), 2, rank, 4, seed=7)
+        for epoch in range(2):
+            fid, _ = train.locate(sharder.indices(epoch))
+            seen.update(train.files[i] for i in fid)
+    assert seen == set(index.files[:17])   # every training file, no held-out file
+    # the negative control: without the split the same sharding reaches the held-out files
+    fid, _ = index.locate(EpochSharder(len(index), 1, 0, 40, seed=7).indices(0))
+    assert {index.files[i] for i in fid} & set(index.files[17:])
+
+
+def test_holding_out_every_file_is_refused():
+    with pytest.raises(UserError) as info:
+        split_files(_index(2), 2)
+    assert "nothing left to train on" in info.value.message and "--test-files 1" in info.value.hint
+    assert split_files(_index(2), 0) == (_index(2), None)

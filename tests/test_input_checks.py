@@ -164,6 +164,9 @@ def test_options_of_the_other_launcher(box):
     (["--max-steps", "-1"], "--max-steps must not be negative"),
     (["--samples", "64"], "--samples is for the ResNet models"),
     (["--data", "/d"], "--data and --generate together"),
+    (["--test-files", "-1"], "--test-files must not be negative"),
+    (["--framework", "tensorflow", "--bn-axis", "depth"],
+     "--bn-axis depth is implemented for PyTorch only"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,

@@ -412,3 +412,32 @@ def test_resnet_tiny_forward_backward():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- [CERN]'s semantics
+
+def test_batchnorm_over_depth_reproduces_cerns_parameter_counts():
+    Gd = Generator(rng=rng(0), bn_axis="depth")
+    Dd = Discriminator(rng=rng(1), bn_axis="depth")
+    assert n_keras(Gd) == 872_736 and n_keras(Dd) == 73_646   # [CERN] channels-first
+    assert [m.num_features for m in Gd.modules() if isinstance(m, nn.BatchNorm3d)] == [8, 9]
+    assert [m.num_features for m in Dd.modules() if isinstance(m, nn.BatchNorm3d)] == [25, 25, 23]
+    # it normalises each depth layer over batch, channels and the transverse axes
+    bn = gan3d.DepthBatchNorm3d(9, eps=1e-3).train()
+    y = bn(torch.randn(4, 6, 13, 14, 9) * 3 + torch.arange(9.0))
+    assert torch.allclose(y.mean(dim=(0, 1, 2, 3)), torch.zeros(9), atol=1e-5)
+    assert torch.allclose(y.var(dim=(0, 1, 2, 3), unbiased=False), torch.ones(9), atol=1e-2)
+    assert not torch.allclose(y.mean(dim=(0, 2, 3, 4)), torch.zeros(6), atol=1e-3)   # channels
+    assert Gd(torch.randn(2, 200)).shape == (2, 1, 25, 25, 25)
+
+
+@pytest.mark.parametrize("mode", ["freeze", "update"])
+def test_discriminator_bn_statistics_in_generator_steps(mode, G, D):
+    G, D = copy.deepcopy(G).train(), copy.deepcopy(D).train()   # as in gan_iteration
+    stats = lambda: [b.clone() for n, b in D.named_buffers() if "running" in n]  # noqa: E731
+    before = stats()
+    with gan3d.frozen(D, mode):
+        gan3d.generator_loss(D, G, torch.ones(2), rng(3))[0].backward()
+    changed = [not torch.equal(a, b) for a, b in zip(before, stats())]
+    assert all(changed) if mode == "update" else not any(changed)   # update: [CERN]'s
+    assert all(p.grad is None or not p.grad.any() for p in D.parameters())

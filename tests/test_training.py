@@ -26,7 +26,8 @@ def records(out: Path, name: str = "epochs.jsonl") -> list[dict]:
 def test_3dgan_two_ranks_on_generated_data(tmp_path):
     out = tmp_path / "run"
     result = train(2, "3dgan", "--generate", "64", "--epochs", "2", "--batch-size", "2",
-                   "--max-steps", "2", "--out", str(out), "--verify-every", "1")
+                   "--max-steps", "2", "--out", str(out), "--verify-every", "1",
+                   "--validate-events", "16")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("epoch ") >= 2 and "GFLOP/s" in result.stdout
     epochs = records(out)
@@ -34,7 +35,10 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     for line in (out / "epochs.jsonl").read_text().splitlines():   # the typed record reads it
         assert json.loads(EpochRecord.from_json(line).to_json()) == json.loads(line)
     for r in epochs:
-        assert len(r) == 28 and r["version"] == 1   # 27 keys and eval
+        assert len(r) == 29 and r["version"] == 1   # 27 keys, eval and physics
+        assert set(r["physics"]) >= {"profile_distance_z", "sampling_fraction_worst_rel_diff",
+                                     "aux_mape_real", "aux_mape_gen", "hits_worst_rel_diff"}
+        assert r["physics"]["events"] == 16   # of the 64 in the held-out file
         assert r["steps"] == 2 and r["samples_per_rank"] == 4
         assert r["epoch_time_s"] > 0 and r["samples_per_s"] > 0
         assert r["compute_s"] > 0 and r["comm_s"] >= 0 and r["data_s"] >= 0
@@ -52,7 +56,16 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     assert r["lr"] == pytest.approx(2e-3)  # linear scaling of 1e-3 by 2 ranks
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert ckpts == ["ckpt-E0001-S000000.pt", "ckpt-E0002-S000000.pt"]
-    assert len(list((out / "data").glob("Ele_*.h5"))) == 1
+    # 64 training events in one file, and one held-out file of its own seed, sorted last
+    assert sorted(p.name for p in (out / "data").glob("Ele_*.h5")) == [
+        "Ele_1001234_0.h5", "Ele_1234_0.h5"]
+    assert "16 of 64 held-out events (Ele_1001234_0.h5)" in result.stdout
+    doc = json.loads((out / "physics.json").read_text())
+    assert [v["epoch"] for v in doc["validations"]] == [0, 1]
+    assert [v["summary"] for v in doc["validations"]] == [r["physics"] for r in epochs]
+    for name in ("physics-profiles.png", "physics-sampling-fraction.png",
+                 "physics-metrics.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_resnet_records_and_lr_warmup(tmp_path):

@@ -32,6 +32,7 @@ DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
 }
 IMAGE_DEFAULTS = {"samples": 256, "image_size": 224, "classes": 1000}   # ResNet only
 BUCKET_MB = 4.0
+VALIDATE_EVERY, VALIDATE_EVENTS = 1, 256   # 3dgan physics validation
 TRAIN_PROGRAMS = ("train", "hpcai-train")
 TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")
 
@@ -67,6 +68,11 @@ class TrainConfig:
     prefetch: bool = True
     eval_samples: int = 32            # fixed samples evaluated by rank 0 after each epoch
     stall_timeout: float | None = None  # s without progress that ends the job; None: auto, 0: off
+    test_files: int | None = None     # 3dgan held-out files; None: 10 % (>= 1 of >= 2 files)
+    validate_every: int = VALIDATE_EVERY     # epochs between physics validations (0: last only)
+    validate_events: int = VALIDATE_EVENTS   # held-out events per validation (0: none)
+    bn_axis: str = "channels"         # 3dgan BatchNorm over "channels" or "depth" ([CERN])
+    d_bn_in_g_steps: str = "freeze"   # 3dgan D's BatchNorm statistics in the G steps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,6 +146,25 @@ def make_parser() -> argparse.ArgumentParser:
                         "from the first step, which includes tracing and warm-up (default: "
                         "300 s until the second step is done and the first time through each "
                         "phase, else max(60 s, 10 x the longest step); 0: off)")
+    p.add_argument("--test-files", type=int, default=None, metavar="K",
+                   help="3dgan: hold out the last K data files (sorted) for validation, never "
+                        "trained on (default: 10 %% of the files, at least 1 when there are 2 "
+                        "or more; with --generate, K extra files from their own seed)")
+    p.add_argument("--validate-every", type=int, default=None, metavar="EPOCHS",
+                   help="3dgan: physics validation on held-out events every EPOCHS epochs and "
+                        "after the last (0: after the last only); writes OUT/physics.json and "
+                        "PNGs")
+    p.add_argument("--validate-events", type=int, default=None, metavar="N",
+                   help="3dgan: held-out events per validation, shared by the ranks "
+                        "(default 256; 0: no physics validation)")
+    p.add_argument("--bn-axis", choices=("channels", "depth"), default="channels",
+                   help="3dgan BatchNorm: per channel (default) or per calorimeter layer as "
+                        "CERN's channels-first run did (872,736 / 73,646 parameters; "
+                        "docs/3dgan.md)")
+    p.add_argument("--d-bn-in-g-steps", choices=("freeze", "update"), default="freeze",
+                   help="3dgan: the discriminator's BatchNorm moving statistics during the "
+                        "generator steps: left alone (default) or updated as CERN's trainer "
+                        "does (docs/3dgan.md)")
     return p
 
 
@@ -162,7 +187,12 @@ def parse(argv: list[str]) -> TrainConfig:
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
         seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
         channels_last=not ns.channels_first, prefetch=not ns.no_prefetch,
-        eval_samples=ns.eval_samples, stall_timeout=ns.stall_timeout)
+        eval_samples=ns.eval_samples, stall_timeout=ns.stall_timeout,
+        test_files=ns.test_files,
+        validate_every=VALIDATE_EVERY if ns.validate_every is None else ns.validate_every,
+        validate_events=(VALIDATE_EVENTS if ns.validate_events is None
+                         else ns.validate_events), bn_axis=ns.bn_axis,
+        d_bn_in_g_steps=ns.d_bn_in_g_steps)
     check_numbers(cfg)
     return cfg
 
@@ -179,11 +209,23 @@ def check_options(ns: argparse.Namespace) -> None:
             raise UserError("--data and --generate together: --generate would be ignored",
                             "give one: --data DIR (Ele*_*.h5 files) or --generate EVENTS")
     else:
-        for flag, value in (("--data", ns.data), ("--generate", ns.generate)):
+        gan_only = (("--data", ns.data), ("--generate", ns.generate),
+                    ("--test-files", ns.test_files is not None),
+                    ("--validate-every", ns.validate_every is not None),
+                    ("--validate-events", ns.validate_events is not None),
+                    ("--bn-axis", ns.bn_axis != "channels"),
+                    ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"))
+        for flag, value in gan_only:
             if value:
                 raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
                                 "leave it out; --samples, --image-size and --classes shape "
                                 "the images")
+    if ns.framework == "tensorflow":
+        for flag, value, default in (("--bn-axis", ns.bn_axis, "channels"),
+                                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps, "freeze")):
+            if value != default:
+                raise UserError(f"{flag} {value} is implemented for PyTorch only",
+                                f"use --framework pytorch, or leave {flag} out ({default})")
     if ns.bucket_mb is not None and ns.framework == "tensorflow" and ns.comm == "horovod":
         raise UserError("--bucket-mb has no effect with --framework tensorflow --comm "
                         "horovod: Horovod fuses the tensors itself",
@@ -210,7 +252,10 @@ def check_numbers(cfg: TrainConfig) -> None:
                     ("--checkpoint-every", cfg.checkpoint_every),
                     ("--max-steps", cfg.max_steps), ("--eval-samples", cfg.eval_samples),
                     ("--seed", cfg.seed), ("--warmup-epochs", cfg.warmup_epochs),
-                    ("--peak-gflops", cfg.peak_gflops), ("--keep", cfg.keep))
+                    ("--peak-gflops", cfg.peak_gflops), ("--keep", cfg.keep),
+                    ("--test-files", cfg.test_files or 0),
+                    ("--validate-every", cfg.validate_every),
+                    ("--validate-events", cfg.validate_events))
     for name, value in not_negative:
         if value < 0:
             raise UserError(f"{name} must not be negative, got {value:g}",

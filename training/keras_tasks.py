@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.gan3d_spec import (E_MAX, E_MIN, EPS, FLIP_PROB, LATENT, sampling_fraction,
-                                 weighted_loss)
+from ..models.gan3d_spec import (E_MAX, E_MIN, EPS, FLIP_PROB, GRID, LATENT,
+                                 sampling_fraction, weighted_loss)
 
 FLOP_CONVENTION_TF = (
     "1 multiply-add = 2 FLOP, counted analytically per Conv/Dense layer of the Keras model; "
@@ -231,6 +231,20 @@ class KerasGanTask:
             "gen_sum_over_f": float(np.mean(generated.sum(axis=axes) / f_gen)),
             "real_sum_over_f": float(np.mean(x.sum(axis=axes) / f_real)),
         }
+
+    def physics_pass(self, x, e, z, chunk: int = 32):
+        """As ``GanTask.physics_pass``: (G(E' z), aux of D on x, aux of D on G(E' z)), both
+        networks in inference mode (moving statistics, no dropout); showers (n,1,25,25,25)."""
+        tf = self.tf
+        generated, aux_real, aux_gen = [], [], []
+        for start in range(0, len(e), chunk):
+            xs = self._image(np.asarray(x[start:start + chunk], dtype=np.float32))
+            es = np.asarray(e[start:start + chunk], dtype=np.float32).reshape(-1, 1)
+            gs = self.G(tf.constant(es * z[start:start + chunk]), training=False)
+            aux_real.append(self.D(tf.constant(xs), training=False)[1].numpy().reshape(-1))
+            aux_gen.append(self.D(gs, training=False)[1].numpy().reshape(-1))
+            generated.append(gs.numpy().reshape(len(es), 1, GRID, GRID, GRID))   # 1 channel
+        return np.concatenate(generated), np.concatenate(aux_real), np.concatenate(aux_gen)
 
     def _forward_batch_stats(self, model, inputs):
         """Batch statistics in BatchNorm and no dropout: BN layers called in training mode,

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 class Checked:
     """What the checks before MPI found."""
 
-    index: DatasetIndex | None               # the 3DGAN's --data files, validated
+    index: DatasetIndex | None               # the 3DGAN's --data training files, validated
+    held_out: DatasetIndex | None            # and its held-out files (--test-files)
     resume_from: tuple[Path, dict] | None    # --resume: the checkpoint and its state
 
 
@@ -62,23 +63,25 @@ def preflight(cfg: TrainConfig) -> Checked:
     check_output_dir(cfg.out_dir)
     check_framework(cfg)
     check_comm(cfg.comm, cfg.framework)
-    index = _data_index(cfg)
+    index, held_out = _data_index(cfg)
     resume_from = (checkpoint.load_for_resume(cfg.checkpoint_dir, cfg.framework)
                    if cfg.resume else None)
-    return Checked(index, resume_from)
+    return Checked(index, held_out, resume_from)
 
 
-def _data_index(cfg: TrainConfig) -> DatasetIndex | None:
+def _data_index(cfg: TrainConfig) -> tuple[DatasetIndex | None, DatasetIndex | None]:
+    """--data: (training files, held-out files); --generate: (None, None), the trainer
+    generates both."""
     if cfg.model != "3dgan":
-        return None
-    from .shower_data import find_files, validate
+        return None, None
+    from .shower_data import find_files, split_files, validate
 
     if cfg.data:
-        return validate(find_files(cfg.data))
+        return split_files(validate(find_files(cfg.data)), cfg.test_files)
     if cfg.generate_events <= 0:
         raise UserError("3dgan needs data: --data DIR (Ele*_*.h5 files) or --generate EVENTS",
                         "e.g. train 3dgan --generate 2000 (synthetic showers into OUT/data)")
-    return None
+    return None, None
 
 
 def run(cfg: TrainConfig) -> int:

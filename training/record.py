@@ -5,8 +5,9 @@ The trainer (rank 0) writes one :class:`EpochRecord` per epoch with :meth:`Epoch
 the schema version and the type of every field and names the first field that is wrong.
 Standard library only: reading records needs neither torch nor NumPy.
 
-Schema 1: the JSON keys are the field names (27 keys, 28 with ``eval``), in the order of the
-fields, after ``"record": "epoch"`` and ``"version": 1``; ``peak``, ``allreduce`` and
+Schema 1: the JSON keys are the field names (27 keys, and the optional ``eval`` and
+``physics``: the 3DGAN's held-out validation summary, ``physics.Validation.summary``), in the
+order of the fields, after ``"record": "epoch"`` and ``"version": 1``; ``peak``, ``allreduce`` and
 ``provenance`` are objects with the fields of :class:`Peak`, :class:`AllreduceTotals` and
 :class:`Provenance`. Seconds are the epoch's wall time (maximum over ranks) and the per-rank
 means of its parts; FLOP rates count FLOPs as ``flop_convention`` says.
@@ -97,11 +98,13 @@ class EpochRecord:
     max_rss_mb_per_rank: float      # maximum over ranks
     provenance: Provenance
     eval: dict[str, float] | None = None   # rank 0's metrics on fixed samples, if asked
+    physics: dict[str, float] | None = None   # held-out physics validation's summary, if run
 
     def to_dict(self) -> dict[str, Any]:
         out = {"record": KIND, "version": SCHEMA_VERSION, **asdict(self)}
-        if self.eval is None:
-            del out["eval"]
+        for optional in ("eval", "physics"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     def to_json(self) -> str:
@@ -142,7 +145,7 @@ def _build(cls, obj: Mapping, prefix: str):
     values = {}
     for f in fields(cls):
         if f.name not in obj and f.default is None:
-            continue   # optional (eval)
+            continue   # optional (eval, physics)
         if f.name in _NESTED:
             inner = obj.get(f.name)
             if not isinstance(inner, dict):

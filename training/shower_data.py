@@ -3,6 +3,7 @@
 Pipeline (one process = one rank)::
 
     index  = validate(find_files(data_dir))   # before training: UserError if bad
+    index, held_out = split_files(index, k)   # the last k files: validation only
     reader = ShowerReader(index)              # opens files lazily, reads events only
     x, e   = reader.read([4, 0, 2])           # x (3,1,25,25,25) f32, e = E' (3,) f32 (NumPy)
     reader.close()
@@ -149,6 +150,28 @@ def validate(files: Sequence[str | os.PathLike]) -> DatasetIndex:
                 raise UserError(f"{name} holds no events", "remove it or rewrite it")
             counts.append(int(ecal.shape[0]))
     return DatasetIndex(tuple(paths), tuple(counts))
+
+
+def default_test_files(n_files: int) -> int:
+    """Held-out files when ``--test-files`` is not given: 10 % of the files, at least 1 when
+    there are 2 or more (CERN holds out 2 of 20), none of a single file."""
+    return max(1, n_files // 10) if n_files >= 2 else 0
+
+
+def split_files(index: DatasetIndex, test_files: int | None
+                ) -> tuple[DatasetIndex, DatasetIndex | None]:
+    """(training files, held-out files): the last ``test_files`` files in the index's
+    (sorted) order are held out; None: :func:`default_test_files`. UserError if nothing would
+    be left to train on."""
+    n = len(index.files)
+    k = default_test_files(n) if test_files is None else test_files
+    if k >= n:
+        raise UserError(f"--test-files {k} holds out all {n} data file(s): nothing left to "
+                        "train on", f"give --test-files {n - 1} or less, or more files")
+    if k == 0:
+        return index, None
+    return (DatasetIndex(index.files[:n - k], index.counts[:n - k]),
+            DatasetIndex(index.files[n - k:], index.counts[n - k:]))
 
 
 def preprocess(ecal: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -72,6 +72,7 @@ from ..models.gan3d_spec import ENERGY_SCALE_GEV, GRID
 HCAL_SHAPE = (5, 5, 60)   # present in the real files, unused by 3DGAN
 PARTICLE_ID = 11          # electron
 BLOCK = 100               # events per RNG block (fixed: part of the determinism contract)
+HELD_OUT_SEED_OFFSET = 1_000_000   # train --generate: the held-out files' seed is seed + this
 QUANTA_PER_GEV = 1500.0   # Poisson quanta per GeV of deposited energy
 
 
@@ -155,6 +156,13 @@ def _check_out_dir(out_dir: Path) -> None:
     except OSError as exc:
         raise UserError(f"output directory {out_dir} is not writable: {exc.strerror or exc}",
                         "choose a writable --out directory") from exc
+
+
+def held_out_seed(seed: int) -> int:
+    """The seed of the held-out files ``train --generate`` writes beside the training files
+    of ``seed``: their own random streams, and names (``Ele_{held_out_seed}_{i}.h5``) that
+    sort after the training files'."""
+    return int(seed) + HELD_OUT_SEED_OFFSET
 
 
 def generate(out_dir: str | os.PathLike, n_files: int = 2, events_per_file: int = 1000,

@@ -71,8 +71,9 @@ class GanTask:
 
     def __init__(self, cfg: TrainConfig, lr: float) -> None:
         init = torch.Generator().manual_seed(cfg.seed)
-        self.G = gan3d.Generator(rng=init)
-        self.D = gan3d.Discriminator(rng=init)
+        self.G = gan3d.Generator(rng=init, bn_axis=cfg.bn_axis)
+        self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis)
+        self.d_bn_in_g_steps = cfg.d_bn_in_g_steps
         if cfg.channels_last:
             self.G = self.G.to(memory_format=torch.channels_last_3d)
             self.D = self.D.to(memory_format=torch.channels_last_3d)
@@ -94,7 +95,7 @@ class GanTask:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
-                                   after_backward)
+                                   after_backward, self.d_bn_in_g_steps)
 
     @torch.no_grad()
     def evaluate(self, x: np.ndarray, e: np.ndarray) -> dict[str, float]:
@@ -119,6 +120,30 @@ class GanTask:
                 "gen_sum_over_f": float((generated.sum(dim=(1, 2, 3, 4)) / f_gen).mean()),
                 "real_sum_over_f": float((x.sum(dim=(1, 2, 3, 4)) / f_real).mean()),
             }
+
+    @torch.no_grad()
+    def physics_pass(self, x: np.ndarray, e: np.ndarray, z: np.ndarray, chunk: int = 32
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(G(E' z), aux of D on x, aux of D on G(E' z)) as NumPy, both networks in inference
+        mode (moving BatchNorm statistics, no dropout), their modes restored afterwards."""
+        modes = [(m, m.training) for net in (self.G, self.D) for m in net.modules()]
+        self.G.eval()
+        self.D.eval()
+        generated, aux_real, aux_gen = [], [], []
+        try:
+            for start in range(0, len(e), chunk):
+                xs = torch.from_numpy(x[start:start + chunk])
+                es = torch.from_numpy(e[start:start + chunk]).view(-1, 1)
+                gs = self.G(es * torch.from_numpy(z[start:start + chunk]))
+                if self.channels_last:
+                    xs = xs.contiguous(memory_format=torch.channels_last_3d)
+                generated.append(gs.contiguous().numpy())
+                aux_real.append(self.D(xs)[1].view(-1).numpy())
+                aux_gen.append(self.D(gs)[1].view(-1).numpy())
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        return np.concatenate(generated), np.concatenate(aux_real), np.concatenate(aux_gen)
 
     def flops_per_sample(self, batch: int = 2) -> float:
         """One whole iteration (4 optimiser steps) per real sample, on copies of the models."""

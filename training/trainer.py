@@ -2,7 +2,8 @@
 
 Per step: this rank's shard of a seed-shuffled epoch order, the task's step with gradients
 averaged across ranks, a cheap replica check every K steps, a collective look at the
-preemption flag. Per epoch: BatchNorm statistics handled as asked, replicas verified, one
+preemption flag. Per epoch: BatchNorm statistics handled as asked, replicas verified, the
+3DGAN's physics validation on held-out files when due (``validation.py``), one
 :class:`~.record.EpochRecord` (time split, samples/s, FLOP rate, % of peak, provenance) and
 an atomic checkpoint. From the first step to the end, each phase is marked for the stall
 watchdog (``watchdog.py``), in the same order on every rank.
@@ -34,9 +35,10 @@ from .loop import Checked
 from .metrics import provenance
 from .record import AllreduceTotals, EpochRecord, Peak, Provenance
 from .replicas import verify
-from .shower_data import ShowerReader, find_files, validate
-from .showers import generate
+from .shower_data import ShowerReader, split_files, validate
+from .showers import generate, held_out_seed
 from .synthetic_images import SyntheticImages
+from .validation import PhysicsValidator, due, record as record_physics
 from .watchdog import Watchdog
 
 STATE_VERSION = 1   # of the checkpoint's contents
@@ -63,7 +65,9 @@ class Trainer(ABC):
         self.resume_from = checked.resume_from
         self.watch = Watchdog(comm, cfg.stall_timeout)
         self.threads = self._threads()
-        self.data, self.sharder = self._data(checked.index)
+        self.data, self.sharder, held_out = self._data(checked.index, checked.held_out)
+        self.validator = (PhysicsValidator(held_out, cfg.validate_events, cfg.seed, comm)
+                          if held_out is not None and cfg.validate_events > 0 else None)
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
@@ -138,27 +142,38 @@ class Trainer(ABC):
         ...
 
     # -- set-up ---------------------------------------------------------------------------
-    def _data(self, index):
+    def _data(self, index, held_out):
+        """(training data, its sharder, the held-out 3DGAN files or None)."""
         cfg = self.cfg
         if cfg.model == "3dgan":
             if index is None:
-                index = self._generate()
+                index, held_out = self._generate()
             data = ShowerReader(index)
         else:
             data = SyntheticImages(cfg.samples, cfg.image_size, cfg.classes, seed=cfg.seed)
         sharder = EpochSharder(len(data), self.world, self.rank, cfg.batch_size, cfg.seed)
-        return data, sharder
+        return data, sharder, held_out
 
     def _generate(self):
-        target = self.cfg.out_dir / "data"
-        per_file = min(self.cfg.generate_events, 1000)
-        n_files = -(-self.cfg.generate_events // per_file)
+        """--generate N: N training events (rounded up to equal files of at most 1000,
+        Ele_SEED_i.h5) and ``--test-files`` held-out files of the same size (default 10 % of
+        all files, at least 1) from their own seed, sorted last as ``split_files`` expects;
+        rank 0 writes those missing. Returns (training, held-out)."""
+        cfg = self.cfg
+        target = cfg.out_dir / "data"
+        n_train = -(-cfg.generate_events // 1000)
+        per_file = -(-cfg.generate_events // n_train)
+        n_test = max(1, n_train // 9) if cfg.test_files is None else cfg.test_files
+        test_seed = held_out_seed(cfg.seed)
+        train = [target / f"Ele_{cfg.seed}_{i}.h5" for i in range(n_train)]
+        test = [target / f"Ele_{test_seed}_{i}.h5" for i in range(n_test)]
         if self.rank == 0:
-            existing = find_files(target) if target.is_dir() and any(target.glob("*.h5")) else []
-            if len(existing) != n_files:
-                generate(target, n_files=n_files, events_per_file=per_file, seed=self.cfg.seed)
+            if not all(p.is_file() for p in train):
+                generate(target, n_files=n_train, events_per_file=per_file, seed=cfg.seed)
+            if test and not all(p.is_file() for p in test):
+                generate(target, n_files=n_test, events_per_file=per_file, seed=test_seed)
         self.comm.Barrier()
-        return validate(find_files(target))
+        return split_files(validate(train + test), n_test)
 
     @property
     def comm_wait_s(self) -> float:
@@ -276,6 +291,9 @@ class Trainer(ABC):
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
                   f"{prov.mpi_library_version[:40]}, stall timeout {self.watch.describe()}",
                   flush=True)
+            if self.validator is not None:
+                print(f"hpcai-train: physics validation on {self.validator.describe()}: "
+                      f"{cfg.out_dir / 'physics.json'}", flush=True)
         self.watch.start()
         for epoch in range(self.start_epoch, cfg.epochs):
             first_step = self.start_step if epoch == self.start_epoch else 0
@@ -362,6 +380,13 @@ class Trainer(ABC):
         imbalance_mean = mean(sum(s.imbalance_s for s in stats))
         data_mean = mean(data_s)
         max_rss_mb = round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1)
+        physics_summary = None
+        if self.validator is not None and due(epoch, cfg.epochs, cfg.validate_every):
+            watch.enter("physics validation")   # collective: every rank its share
+            validation = self.validator.run(self.task, epoch)
+            if validation is not None:   # rank 0
+                record_physics(cfg.out_dir, validation, self.validator.held_out)
+                physics_summary = validation.summary()
         watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
         evaluated = self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None
         record = EpochRecord(
@@ -391,6 +416,7 @@ class Trainer(ABC):
             max_rss_mb_per_rank=max_rss_mb,
             provenance=prov,
             eval=evaluated,
+            physics=physics_summary,
         )
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
@@ -406,6 +432,9 @@ class Trainer(ABC):
                              if k != "samples")
         if evaluated:
             main_losses += f" | on {r.eval['samples']} fixed samples: {evaluated}"
+        if r.physics:
+            main_losses += " | held out: " + " ".join(
+                f"{k} {v:.4g}" for k, v in r.physics.items() if k != "events")
         print(f"epoch {r.epoch}: {r.epoch_time_s:.2f} s (compute {r.compute_s:.2f}, comm "
               f"{r.comm_s:.2f}, data {r.data_s:.2f}), {r.samples_per_s:.2f} samples/s, "
               f"{r.gflops_total:.1f} GFLOP/s = {r.pct_of_peak:.1f}% of peak "

@@ -4,9 +4,9 @@ A frozen rank (SIGSTOP, a hung node) or one stuck in a stalled file system would
 others waiting in the next collective forever. So every rank runs a watchdog thread:
 
 - the trainer marks progress by entering phases (``data``, ``step``, ``gradient allreduce``,
-  ``replica check``, ``preemption check``, ``epoch end``, ``evaluation and records``,
-  ``checkpoint write``, ``checkpoint barrier``) in the same order on every rank, so the
-  number of phases entered (``seq``) says how far a rank got;
+  ``replica check``, ``preemption check``, ``epoch end``, ``physics validation`` (3DGAN),
+  ``evaluation and records``, ``checkpoint write``, ``checkpoint barrier``) in the same
+  order on every rank, so the number of phases entered (``seq``) says how far a rank got;
 - every beat (a sixtieth of the bound, 0.25 to 1 s) the thread sends a heartbeat - rank, seq,
   global step, phase, seconds in it - to the monitors, ranks 0 and 1, with non-blocking
   point-to-point messages on its own duplicate of the communicator: nothing there waits for

@@ -1,0 +1,109 @@
+"""Physics validation of the 3DGAN on held-out events, shared by the ranks (framework-neutral).
+
+Every rank takes its share of the first ``--validate-events`` held-out events (event i goes
+to rank i mod world), has the task generate a shower at each event's energy from a latent
+vector fixed per event for the whole run, and summarises real and generated showers
+(``physics.summarise``). Rank 0 gathers the summaries, compares them bin by bin
+(``physics.compare``) and keeps the history in ``OUT/physics.json`` (rewritten atomically
+after every validation, earlier validations kept on ``--resume``) with the plots beside it
+(``physics_plots``).
+
+The task's hook: ``physics_pass(x, e, z) -> (generated, aux_real, aux_gen)`` on NumPy arrays
+(x (n,1,25,25,25) GeV, E' (n,), z (n, latent)): the generator at E' * z and the
+discriminator's regressed E' on the real and the generated showers, both networks in
+inference mode (moving BatchNorm statistics, no dropout), as CERN's analysis calls
+``predict``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..models.gan3d_spec import ENERGY_SCALE_GEV, LATENT
+
+from . import physics
+from .physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
+from .shower_data import DatasetIndex, ShowerReader
+
+LATENT_SEED = 0x3D6A   # with --seed: the per-event latent vectors of every validation
+
+
+def due(epoch: int, epochs: int, every: int) -> bool:
+    """Validate after ``epoch`` (0-based): every ``every`` epochs, and after the last."""
+    return epoch == epochs - 1 or (every > 0 and (epoch + 1) % every == 0)
+
+
+class PhysicsValidator:
+    def __init__(self, held_out: DatasetIndex, events: int, seed: int, comm) -> None:
+        self.comm, self.rank = comm, comm.Get_rank()
+        self.held_out = held_out
+        self.total = min(events, held_out.total)
+        self.mine = np.arange(self.total)[self.rank::comm.Get_size()]
+        z = np.random.default_rng([seed, LATENT_SEED]).standard_normal(
+            (self.total, LATENT), dtype=np.float32)
+        self.z = z[self.mine]
+        self._real: tuple[np.ndarray, np.ndarray] | None = None
+
+    def describe(self) -> str:
+        names = ", ".join(p.name for p in self.held_out.files)
+        return (f"{self.total} of {self.held_out.total} held-out events ({names}), "
+                "never trained on")
+
+    def _real_events(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._real is None:
+            with ShowerReader(self.held_out) as reader:
+                self._real = reader.read(self.mine)
+        return self._real
+
+    def run(self, task, epoch: int) -> physics.Validation | None:
+        """Collective: every rank validates its share; rank 0 gets the comparison."""
+        x, e = self._real_events()
+        if len(e):
+            generated, aux_real, aux_gen = task.physics_pass(x, e, self.z)
+        else:
+            generated, aux_real, aux_gen = x, np.zeros(0), np.zeros(0)
+        e_gev = e.astype(np.float64) * ENERGY_SCALE_GEV
+        mine = (physics.summarise(x, e_gev, aux_real), physics.summarise(generated, e_gev, aux_gen))
+        gathered = self.comm.gather(mine, root=0)
+        if self.rank != 0:
+            return None
+        real = physics.concat([r for r, _ in gathered])
+        gen = physics.concat([g for _, g in gathered])
+        return physics.compare(real, gen, epoch)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def record(out_dir: Path, validation: physics.Validation, held_out: DatasetIndex) -> Path:
+    """Rank 0: add ``validation`` to ``OUT/physics.json`` (replacing any of the same or a
+    later epoch, left by a run that was resumed) and redraw the plots. Returns the JSON's
+    path."""
+    path = out_dir / PHYSICS_FILE
+    history = []
+    if path.exists():
+        history = [v for v in json.loads(path.read_text(encoding="utf-8"))["validations"]
+                   if v["epoch"] < validation.epoch]
+    history.append({**validation.to_dict(), "summary": validation.summary()})
+    doc = {"version": SCHEMA_VERSION, "energy_bins_gev": list(physics.ENERGY_BINS_GEV),
+           "axes": list(physics.AXES),
+           "held_out": {"files": [str(p) for p in held_out.files],
+                        "events": list(held_out.counts)},
+           "definitions": "docs/3dgan.md, Physics validation (hpcai.training.physics)",
+           "validations": history}
+    _atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    write_plots(doc, out_dir)
+    return path
