@@ -7,6 +7,8 @@ Usage:
   hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
   hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
   hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
+  hpcai-launch mpis                                  (every MPI install on this host)
+  hpcai-launch abi --container IMG [--json]          (which host MPI runs the image's MPI code)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -64,9 +66,19 @@ def _export_onnx(argv: list[str]) -> int:
     return export_onnx(argv)
 
 
+def _mpis(argv: list[str]) -> int:
+    from .abicli import mpis_main
+    return mpis_main(argv)
+
+
+def _abi(argv: list[str]) -> int:
+    from .abicli import abi_main
+    return abi_main(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
-    "export-onnx": _export_onnx}
+    "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi}
 
 
 def make_parser() -> Parser:
