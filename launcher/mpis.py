@@ -170,6 +170,16 @@ def install_at(path: str, env: dict[str, str], how: str = "") -> HostInstall | N
     return None
 
 
+def install_of(lib: HostMpi, env: dict[str, str]) -> HostInstall:
+    """The install a found libmpi belongs to: with the other ABIs of its prefix (a system
+    library directory holds several MPIs: there, the library alone)."""
+    if lib.root:
+        install = install_at(lib.libdir, env, lib.how)
+        if install is not None and lib.libmpi in {x.libmpi for x in install.libs}:
+            return install
+    return _install([lib], env, lib.how)
+
+
 def discover(env: dict[str, str], site_prefixes: tuple[str, ...] = (),
              extra: tuple[str, ...] = (), ldconfig_output: str | None = None
              ) -> list[HostInstall]:
