@@ -235,7 +235,7 @@ def select(spec: str, installs: list[HostInstall], env: dict[str, str]) -> HostI
     matches.sort(key=lambda i: i.name != word)
     if not matches:
         there = ", ".join(i.label for i in installs) or "none"
-        raise UserError(f"--mpi {spec}: no such MPI on this host (found: {there})",
+        raise UserError(f"unknown MPI {spec!r}: no such MPI on this host (found: {there})",
                         "give one of those, a family (openmpi, mpich, intel, mpiabi) or a "
                         "path; `hpcai-launch mpis` lists them")
     return matches[0]
