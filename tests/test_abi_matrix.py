@@ -154,3 +154,64 @@ def test_abi_matrix_real_fabric_libraries_of_the_wheels(spec):
     env = hostlibs.binding_env("/opt/hpcai/host", libs)
     assert env["FI_PROVIDER_PATH"] == "/opt/hpcai/host/lib/libfabric"
     assert env["UCX_MODULE_DIR"] == "/opt/hpcai/host/lib/ucx"
+
+
+@pytest.fixture(scope="session")
+def mpiabi_image(image) -> Path:
+    """A variant of the image whose mpi4py is built for the MPI-5 standard ABI
+    (``MPI4PY_BUILD_MPIABI=1`` with MPICH 5's ``mpicc_abi``; needs Cython): the wheel and the
+    variant are built once and cached beside the image (a few minutes the first time)."""
+    import shutil
+    import subprocess
+
+    cache = image.parent / "mpiabi"
+    variant = cache / image.name
+    stamp = cache / ".stamp"
+    if stamp.is_file() and stamp.read_text() == str(image.stat().st_mtime_ns):
+        return variant
+    mpich5 = WHEELS["mpich@5"]
+    _host("mpich@5")
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = cache / "wheel"
+    if not list(wheels.glob("mpi4py-*.whl")):
+        env = image_env(MPI4PY_BUILD_MPIABI="1", MPICC=str(mpich5 / "bin" / "mpicc_abi"))
+        build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                                "--no-build-isolation", "--no-binary", "mpi4py", "-w",
+                                str(wheels), "mpi4py==4.1.2"], env=env, capture_output=True,
+                               text=True, timeout=1500, check=False)
+        assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-3000:]
+    shutil.rmtree(variant, ignore_errors=True)
+    shutil.copytree(image, variant, symlinks=True)
+    site = next(variant.glob("usr/local/lib/python3*/dist-packages"))
+    for old in [site / "mpi4py", *site.glob("mpi4py-*.dist-info")]:
+        shutil.rmtree(old)
+    import zipfile
+    with zipfile.ZipFile(next(wheels.glob("mpi4py-*.whl"))) as whl:
+        whl.extractall(site)
+    stamp.write_text(str(image.stat().st_mtime_ns))
+    return variant
+
+
+def test_abi_matrix_standard_abi_mpi4py_on_mpich5(mpiabi_image, tmp_path):
+    """mpi4py built for the MPI-5 standard ABI: the matrix binds MPICH 5's libmpi_abi.so.1,
+    the probe and a 2-rank 3DGAN step run on it; a host MPI without it is refused."""
+    data = _abi(mpiabi_image)
+    mpi4py = next(c for c in data["consumers"] if c["kind"] == "mpi4py")
+    assert mpi4py["abis"] == ["mpiabi"]
+    for cell in data["cells"]:
+        if cell["consumer"] == mpi4py["title"] and cell["host"].startswith("openmpi@"):
+            assert cell["verdict"] == "refused" and "libmpi_abi.so.1" in cell["why"], cell
+    env = image_env(HPCAI_CACHE=str(tmp_path / "cache"))
+    base = ["hpcai-launch", "-N", "2", "--oversubscribe", "--mpi", "mpich@5",
+            "--container", str(mpiabi_image), "--"]
+    _probe(base, env, tmp_path, "libmpi_abi.so.1")
+    train = run([*base, "train", "3dgan", "--generate", "8", "--epochs", "1", "--batch-size",
+                 "2", "--max-steps", "1", "--out", "run", "--peak-gflops", "50"], env,
+                cwd=tmp_path, timeout=300)
+    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "epochs.jsonl").read_text().splitlines()[0])
+    assert record["provenance"]["libmpi"] == HOST_LIB + "libmpi_abi.so.1"
+    refused = run(["hpcai-launch", "-N", "2", "--mpi", "openmpi@4", "--container",
+                   str(mpiabi_image), "--", "true"], env, cwd=tmp_path)
+    assert refused.returncode == 2 and "needs MPI-5's libmpi_abi.so.1" in refused.stderr
+    assert "--mpi mpich@5.0.2" in refused.stderr, refused.stderr
