@@ -85,7 +85,8 @@ OPENMPI_FAMILY = Family(
     name="openmpi", title="Open MPI", sonames=("libmpi.so.40",), mpi4py_abi="openmpi",
     pmi="pmix",
     # 4.x: ORTE/OPAL; 5.x: OPAL 80 and PRRTE
-    own_libs=("libopen-rte.so.40", "libopen-pal.so.40", "libopen-pal.so.80", "libprrte.so.3"),
+    own_libs=("libopen-rte.so.40", "libopen-pal.so.40", "libopen-pal.so.80", "libprrte.so.3",
+              "libmpi_cxx.so.40"),       # C++ bindings (4.x; Horovod needs them)
     components=(PluginSpec("openmpi", ("openmpi", "openmpi/lib/openmpi3",
                                        "openmpi/lib/openmpi"), "mca_*.so",
                            staged_env="OMPI_MCA_mca_base_component_path"),),

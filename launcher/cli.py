@@ -7,6 +7,8 @@ Usage:
   hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
   hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
   hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
+  hpcai-launch mpis                                  (every MPI install on this host)
+  hpcai-launch abi --container IMG [--json]          (which host MPI runs the image's MPI code)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -37,6 +39,7 @@ from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES, Options, en
 from .facts import gather_facts
 from .plan import build_plan
 from .rankenv import from_environ
+from .site import SiteProfile
 
 
 def _validate(argv: list[str]) -> int:
@@ -64,9 +67,19 @@ def _export_onnx(argv: list[str]) -> int:
     return export_onnx(argv)
 
 
+def _mpis(argv: list[str]) -> int:
+    from .abicli import mpis_main
+    return mpis_main(argv)
+
+
+def _abi(argv: list[str]) -> int:
+    from .abicli import abi_main
+    return abi_main(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
-    "export-onnx": _export_onnx}
+    "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi}
 
 
 def make_parser() -> Parser:
@@ -89,7 +102,9 @@ def make_parser() -> Parser:
                             "instead of this machine's sysfs")
     launch = p.add_argument_group("launcher")
     launch.add_argument("--launcher", choices=LAUNCHERS, help="default auto")
-    launch.add_argument("--mpi", help=f"MPI flavour: {', '.join(MPI_CHOICES)}")
+    launch.add_argument("--mpi", help=f"MPI: a flavour ({', '.join(MPI_CHOICES)}), an install "
+                        "by family@version (openmpi@5, mpich@4) or its path; see "
+                        "`hpcai-launch mpis`")
     launch.add_argument("--mpirun", help="path of the MPI launcher (mpirun/mpiexec) to use")
     launch.add_argument("--hosts", help="hosts for mpirun: h1,h2 or h1:4,h2:4")
     launch.add_argument("--nodes", type=int, help="nodes for srun (default: the allocation)")
@@ -128,8 +143,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     for name in defaults.keys() - given:
         setattr(ns, name, defaults[name])
     if ns.mpi not in MPI_CHOICES:
-        raise UserError(f"unknown MPI {ns.mpi!r}",
-                        f"--mpi takes one of: {', '.join(MPI_CHOICES)}")
+        _select_install(ns)
     if ns.json and not ns.dry_run:
         raise UserError("--json only goes with --dry-run", "add --dry-run")
     _check_counts(ns)
@@ -144,6 +158,23 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                       bind_host_mpi=ns.bind_host_mpi, host_libs=ns.host_libs, site=ns.site,
                       binds=tuple(ns.bind))
     return options, ns
+
+
+def _select_install(ns: argparse.Namespace) -> None:
+    """``--mpi family@version`` or ``--mpi PATH``: the host install it names becomes the
+    flavour and (unless ``--mpirun`` is given) the launcher."""
+    from .abi import FLAVOURS
+    from .mpis import discover, select
+
+    env = dict(os.environ)
+    site = SiteProfile.load(ns.site) if ns.site else SiteProfile.from_env(env)
+    install = select(ns.mpi, discover(env, site.mpi_prefixes if site else ()), env)
+    if install.launcher is None and not ns.mpirun:
+        raise UserError(f"--mpi {ns.mpi}: {install.label} has no launcher next to it",
+                        "pass --mpirun with its mpirun/mpiexec")
+    ns.mpi = install.name if install.name in FLAVOURS else next(
+        f.name for f in FLAVOURS.values() if f.family == install.family)
+    ns.mpirun = ns.mpirun or install.launcher
 
 
 def _check_counts(ns: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import abi, containers, hostlibs, hostmpi, preflight
+from . import abi, consumers, containers, hostlibs, hostmpi, matrix, mpis, preflight
 from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
 from ..core.errors import UserError
 from .site import SiteProfile
@@ -54,9 +54,10 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
            site_path: str | None, env: dict[str, str], launcher: str | None,
            srun_pmi: str | None, cache_dir: str, in_rank: bool,
            family: str | None = None, command: str | None = None,
-           stage: bool = True) -> ContainerFacts:
+           stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
     """All container facts, checked. Raises UserError on the first problem. ``stage``:
-    copy the host libraries into the cache (False for ``--dry-run``: only name the place)."""
+    copy the host libraries into the cache (False for ``--dry-run``: only name the place).
+    ``argv`` (the command) says which of the image's MPI consumers it uses (:mod:`.matrix`)."""
     checks: list[str] = []
     binary = containers.find_binary(containers.get_runtime(runtime), env.get("PATH"))
     checks.append(f"runtime {runtime}: {binary}")
@@ -87,7 +88,10 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
     checks.append(f"host MPI: {host.name} {host.version} ({host.libmpi}, {host.how})")
-    if host.family in info.abis:
+    needed = matrix.required(consumers.inspect(image) or [], argv)
+    if needed:
+        host = _decide(host, needed, image, env, site, checks)
+    elif host.family in info.abis:
         checks.append(f"ABI: host {host.family} is one the image's programs use "
                       f"({', '.join(info.abis)})")
     else:
@@ -109,6 +113,25 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
                           tuple(checks), has_command=found, has_helper=has_helper,
                           copied=stage)
+
+
+def _decide(host, needed: list, image: str, env: dict[str, str], site: SiteProfile | None,
+            checks: list[str]):
+    """The ABI matrix's cells for the consumers the command uses, on the host install; the
+    host library to bind (the install's library of the ABI the consumers need: MPICH 5's
+    ``libmpi_abi.so`` for a standard-ABI mpi4py). UserError, naming the host MPIs that
+    would work, when one is refused."""
+    install = mpis.install_of(host, env)
+    try:
+        cells = matrix.check(install, needed, image, [install])
+    except UserError:
+        others = mpis.discover(env, site.mpi_prefixes if site else ())
+        matrix.check(install, needed, image, others)
+        raise
+    for cell in cells:
+        checks.append(f"ABI: host {cell.lib.family} runs the image's {cell.consumer}: "
+                      f"{cell.text}")
+    return next((c.lib for c in cells if c.lib.family != host.family), host)
 
 
 def _pmi_library(implementation: str, plugin: str | None, env: dict[str, str],

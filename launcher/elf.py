@@ -8,6 +8,7 @@ paths and glibc version needs.
 - :func:`glibc_version_of` reads the version of a ``libc.so.6`` file: its banner
   ("GNU C Library ... release version 2.36.") or else the highest ``GLIBC_2.x`` it defines.
 - :func:`ident` is the (class, byte order, machine) of a file, read from its first 20 bytes.
+- :func:`dynamic_symbols`: the names a file defines and the names it needs (``.dynsym``).
 
 pyelftools is imported inside the functions, so modules on the per-rank path do not pay
 for it. Measured against the struct-based reader this replaced (Python 3.11, medians, 2 busy
@@ -164,3 +165,25 @@ def _defined_glibc(stream) -> tuple[int, int] | None:
 def _glibc_tuple(name: str) -> tuple[int, int] | None:
     m = _GLIBC_VERSION.match(name)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def dynamic_symbols(path: str | os.PathLike) -> tuple[frozenset[str], frozenset[str]]:
+    """(defined, undefined) names of the file's dynamic symbol table (``.dynsym``)."""
+    path = os.fspath(path)
+    st = os.stat(path)
+    return _dynamic_symbols(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _dynamic_symbols(path: str, size: int, mtime_ns: int
+                     ) -> tuple[frozenset[str], frozenset[str]]:
+    from elftools.elf.elffile import ELFFile
+
+    defined: set[str] = set()
+    undefined: set[str] = set()
+    with open(path, "rb") as f:
+        for section in _sections(ELFFile(f), ("SHT_DYNSYM",)):
+            for sym in section.iter_symbols():
+                if sym.name:
+                    (undefined if sym["st_shndx"] == "SHN_UNDEF" else defined).add(sym.name)
+    return frozenset(defined), frozenset(undefined)

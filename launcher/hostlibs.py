@@ -164,7 +164,8 @@ class _Collector:
                 self.add_plugins(plugin, found, env, spec.role)
 
     def close(self) -> None:
-        """Add the transitive DT_NEEDED closure (breadth first, in file order)."""
+        """Add the transitive DT_NEEDED closure (breadth first, in file order): what a file's
+        own RUNPATH/RPATH finds, and what the image lacks from the search path."""
         queue = deque(self.libs)
         while queue:
             lib = queue.popleft()
@@ -172,12 +173,15 @@ class _Collector:
             info = elf.read_elf(lib.path)
             like = elf.ident(lib.path)
             origins = _unique([os.path.dirname(found), os.path.dirname(lib.path)])
-            search = [d for o in origins for d in _expand(info.search_path, o)] + self.dirs
+            own = _unique([d for o in origins for d in _expand(info.search_path, o)])
             for needed in info.needed:
-                if (is_glibc_family(needed) or needed in self.image or self.has(needed)
-                        or "/" in needed):
+                if is_glibc_family(needed) or self.has(needed) or "/" in needed:
                     continue
-                path = _find(needed, _unique(search), like)
+                # the file's own RUNPATH wins even over the image's copy (Open MPI 5's
+                # private libpmix.so.2 beside the image's 4.1 one)
+                path = _find(needed, own, like)
+                if path is None and needed not in self.image:
+                    path = _find(needed, _unique(own + self.dirs), like)
                 if path and self.add(path, needed, "dependency"):
                     queue.append(self.libs[-1])
 
@@ -208,9 +212,15 @@ def _bundled_dirs(host: HostMpi, env: dict[str, str]) -> list[str]:
 
 def search_path(host: HostMpi, search_dirs: list[str], site: SiteProfile | None = None,
                 env: dict[str, str] | None = None) -> list[str]:
-    """Where :func:`collect` looks: the MPI's libdir, the fabric libraries it bundles (Intel
-    MPI's libfabric), the site's search dirs, then ``search_dirs``."""
-    return _unique([host.libdir, *_bundled_dirs(host, env or {}),
+    """Where :func:`collect` looks: the MPI's libdir, the libmpi's own RUNPATH/RPATH (the
+    libfabric and UCX that MPICH and Open MPI wheels load from ``$ORIGIN/mpich``), the
+    fabric libraries it bundles (Intel MPI's libfabric), the site's search dirs, then
+    ``search_dirs``."""
+    try:
+        own = _expand(elf.read_elf(host.libmpi).search_path, os.path.dirname(host.libmpi))
+    except (ValueError, OSError):
+        own = []
+    return _unique([host.libdir, *own, *_bundled_dirs(host, env or {}),
                     *(site.search_dirs if site else ()), *search_dirs])
 
 

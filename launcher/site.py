@@ -14,6 +14,7 @@ binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw
                                               # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
 search_dirs = ["/usr/lib64"]                 # where to resolve host libraries' dependencies
+mpi_prefixes = ["/opt/mpich-5.0.2"]          # MPI installs beyond ldconfig and $I_MPI_ROOT...
 
 [env]                                # set inside the container for every rank (strings)
 FI_PROVIDER = "psm2"
@@ -49,6 +50,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "env": ("dict[str]", '[env]\nFI_PROVIDER = "psm2"'),
     "libraries": ("list[path]", 'libraries = ["/usr/lib64/libpsm2.so.2"]'),
     "search_dirs": ("list[path]", 'search_dirs = ["/usr/lib64"]'),
+    "mpi_prefixes": ("list[path]", 'mpi_prefixes = ["/opt/mpich-5.0.2"]'),
     "mpi_launcher": ("launcher", 'mpi_launcher = "srun"'),
     "pmi": ("str", 'pmi = "pmi2"'),
     "expected_libmpi": ("str", 'expected_libmpi = "/lrz/sys/intel/"'),
@@ -66,6 +68,7 @@ class SiteProfile:
     env: dict[str, str] = field(default_factory=dict, hash=False)
     libraries: tuple[str, ...] = ()
     search_dirs: tuple[str, ...] = ()
+    mpi_prefixes: tuple[str, ...] = ()
     mpi_launcher: str | None = None
     pmi: str | None = None
     expected_libmpi: str | None = None
@@ -117,7 +120,8 @@ class SiteProfile:
     def to_dict(self) -> dict:
         return {"name": self.name, "path": self.path, "binds": list(self.binds),
                 "env": dict(self.env), "libraries": list(self.libraries),
-                "search_dirs": list(self.search_dirs), "mpi_launcher": self.mpi_launcher,
+                "search_dirs": list(self.search_dirs),
+                "mpi_prefixes": list(self.mpi_prefixes), "mpi_launcher": self.mpi_launcher,
                 "pmi": self.pmi, "expected_libmpi": self.expected_libmpi,
                 "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core}
 

