@@ -1,0 +1,92 @@
+"""Render the README's performance tables from the committed result files.
+
+Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in
+README.md and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
+date): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
+target, verdict), its notes, and the file's provenance.
+
+    python bench/render.py           rewrite README.md
+    python bench/render.py --check   exit 1 when README.md differs from what the files give
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+
+
+def newest(benchmark: str, results: Path) -> Path:
+    """The result file of ``benchmark`` with the latest provenance date."""
+    files = sorted(results.glob(f"{benchmark}-*.json"))
+    if not files:
+        raise FileNotFoundError(f"no {benchmark}-*.json under {results}")
+    return max(files, key=lambda f: (json.loads(f.read_text())["provenance"]["date"], f.name))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def render_table(data: dict, name: str) -> str:
+    """The Markdown of one result file's rows and provenance."""
+    lines = ["| ratio | median | min–max | 95 % interval of the median | trials per side "
+             "| target | verdict |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for row in data["rows"]:
+        s = row["stats"]
+        if s is None:
+            cells = ["—", "—", "—", "0"]
+        else:
+            iv = (f"{_fmt(s['interval'][0])}–{_fmt(s['interval'][1])}" if s["interval"]
+                  else f"none (n = {s['n']} too few)")
+            cells = [_fmt(s["median"]), f"{_fmt(s['low'])}–{_fmt(s['high'])}", iv,
+                     str(s["n"])]
+        lines.append(f"| {row['label']} | " + " | ".join(cells)
+                     + f" | {row['op']} {row['target']:g} | {row['verdict']} |")
+        if row["note"]:
+            notes.append(f"- {row['label']}: {row['note']}")
+    p = data["provenance"]
+    load = (f"load average {p['load_average_at_start'][0]:.1f} at the start, "
+            f"{p['load_average_at_end'][0]:.1f} at the end")
+    lines += [""] + notes + (["" ] if notes else []) + [
+        f"From `bench/results/{name}` (commit {str(p['git_commit'])[:10]}"
+        f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, {p['machine']}, "
+        f"{p['cpus']} CPUs, {load})."]
+    return "\n".join(lines) + "\n"
+
+
+def render_readme(text: str, results: Path) -> str:
+    """``text`` with every results block re-rendered from the newest file."""
+    def block(m: re.Match) -> str:
+        path = newest(m.group(2), results)
+        return m.group(1) + render_table(json.loads(path.read_text()), path.name) + m.group(4)
+    return BLOCK.sub(block, text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    parser.add_argument("--results", default=str(REPO / "bench" / "results"))
+    args = parser.parse_args()
+    readme = Path(args.readme)
+    text = readme.read_text()
+    rendered = render_readme(text, Path(args.results))
+    if args.check:
+        if rendered != text:
+            print("README.md differs from bench/results: run python bench/render.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Step time and exposed gradient-sync time, PyTorch, 2 ranks x 1 thread: hpcai's engine
+against the stock baselines a Horovod or DDP user would run, side by side in one run.
+
+Each trial is a fresh ``hpcai-launch -N 2`` job of one side: ``--warmup`` + ``--steps``
+training steps of the same model, batch, optimiser (SGD) and synthetic data, each followed or
+preceded (alternately) by the same step on an unwrapped copy of the model with no
+communication. Per step the slower rank's time counts; a trial gives the median synced step
+time and the median of (synced - local) per step pair: the gradient-sync time the side
+exposes on top of the compute. Sides:
+
+- ``hpcai``: the engine's ``GradAllreducer`` with its defaults (4 MiB buckets, overlap with
+  backward, mpi4py on the job's MPI);
+- ``horovod``: ``hvd.DistributedOptimizer`` with Horovod's defaults (fusion buffer, cycle
+  time, overlap with backward; no HOROVOD_* variable set), as Horovod's PyTorch examples
+  use it;
+- ``ddp``: ``DistributedDataParallel`` on gloo with its defaults (25 MiB buckets, overlap);
+  ``ddp-<N>mb``: with ``bucket_cap_mb=N`` (the sweep, ``--ddp-buckets``);
+
+All sides use the default (channels-first) memory format: Horovod 0.28.1 refuses
+channels-last tensors ("Tensor is required to be contiguous" in broadcast and allreduce).
+Trials alternate (A B C C B A ...), warm-up steps are excluded. Rows: step time hpcai ÷
+horovod (target <= 0.9), exposed sync hpcai ÷ best DDP (target <= 0.5).
+
+    python bench/torch_baselines.py [--models resnet50,3dgan] [--trials 10] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from common import Row, loopback_env, print_rows, provenance, write_result
+
+IMAGE = {"resnet50": 112}
+BATCH = 8
+
+
+def _model(name: str):
+    import torch
+
+    from hpcai.models import gan3d, resnet
+
+    if name == "resnet50":
+        model = resnet.resnet50()
+        x = torch.randn(BATCH, 3, IMAGE[name], IMAGE[name])
+        y = torch.randint(0, 1000, (BATCH,))
+
+        def loss_fn(m):
+            return torch.nn.functional.cross_entropy(m(x), y)
+        return model, loss_fn
+
+    class GanPair(torch.nn.Module):
+        """Generator and discriminator, one forward/backward through both."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.G = gan3d.Generator()
+            self.D = gan3d.Discriminator()
+
+        def forward(self, z):
+            return sum(o.float().mean() for o in self.D(self.G(z)))
+
+    z = torch.randn(BATCH, gan3d.Generator().latent)
+    return GanPair(), lambda m: m(z)
+
+
+def _as_rank(side: str, model_name: str, steps: int, warmup: int, port: int) -> int:
+    import copy
+
+    import torch
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    torch.manual_seed(0)
+    model, loss_fn = _model(model_name)
+    plain = copy.deepcopy(model)          # the same step without any communication
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    finish = None
+    if side == "hpcai":
+        from hpcai.training.allreduce import GradAllreducer, MpiTransport
+
+        reducer = GradAllreducer(model, MpiTransport(comm))
+        finish = reducer.synchronize
+    elif side == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    elif side.startswith("ddp"):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=comm.rank, world_size=comm.size)
+        kw = {"bucket_cap_mb": float(side[4:-2])} if side != "ddp" else {}
+        model = torch.nn.parallel.DistributedDataParallel(model, **kw)
+
+    def synced() -> None:
+        if side == "hpcai":
+            opt.zero_grad(set_to_none=False)   # gradients stay views into the buckets
+        else:
+            opt.zero_grad()
+        loss_fn(model).backward()
+        if finish:
+            finish()
+        opt.step()
+
+    def local() -> None:
+        plain_opt.zero_grad()
+        loss_fn(plain).backward()
+        plain_opt.step()
+
+    times: dict[str, list[float]] = {"synced": [], "local": []}
+    for i in range(warmup + steps):   # synced and local steps alternate: A B B A ...
+        for kind, step in ((("synced", synced), ("local", local)) if i % 2 == 0 else
+                           (("local", local), ("synced", synced))):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            step()
+            if i >= warmup:
+                times[kind].append(time.perf_counter() - t0)
+    slowest = {k: [max(ts) for ts in zip(*comm.allgather(v))] for k, v in times.items()}
+    if comm.rank == 0:
+        print(json.dumps({"median_step_s": statistics.median(slowest["synced"]),
+                          "median_local_s": statistics.median(slowest["local"]),
+                          "exposed_sync_s": statistics.median(
+                              a - b for a, b in zip(slowest["synced"], slowest["local"])),
+                          "steps_s": slowest, "threads": torch.get_num_threads()}))
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(side: str, model: str, steps: int, warmup: int, log: list) -> dict:
+    """One trial: a fresh 2-rank job of ``side``; returns its record (median step time,
+    median exposed sync time)."""
+    argv = ["hpcai-launch", "-N", "2", "--threads-per-rank", "1", "--", sys.executable,
+            __file__, "--rank", side, "--models", model, "--steps", str(steps),
+            "--warmup", str(warmup), "--port", str(_free_port())]
+    out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
+                         timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    log.append({"side": side, "model": model, **result})
+    print(f"  {model:8s} {side:10s} {result['median_step_s']:.3f} s/step, exposed sync "
+          f"{result['exposed_sync_s'] * 1e3:7.1f} ms", flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,3dgan")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--sweep-trials", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--ddp-buckets", default="5,100")
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        return _as_rank(args.rank, args.models, args.steps, args.warmup, args.port)
+    from common import run_alternating
+
+    info = provenance()
+    rows, log = [], []
+    for model in args.models.split(","):
+        def side(name: str, model: str = model):
+            return lambda: launch(name, model, args.steps, args.warmup, log)
+        # the DDP bucket sweep: default and each size, alternating; the best goes on
+        sweep = ["ddp"] + [f"ddp-{b}mb" for b in args.ddp_buckets.split(",") if b]
+        swept = run_alternating({s: side(s) for s in sweep}, args.sweep_trials, warmup=0)
+        best_ddp = min(swept, key=lambda s: statistics.median(
+            r["exposed_sync_s"] for r in swept[s]))
+        print(f"  {model}: best DDP setting (least exposed sync) {best_ddp}", flush=True)
+        t = run_alternating({s: side(s) for s in ("hpcai", "horovod", best_ddp)},
+                            args.trials, warmup=0)
+        step = {s: [r["median_step_s"] for r in v] for s, v in t.items()}
+        exposed = {s: [r["exposed_sync_s"] for r in v] for s, v in t.items()}
+        rows += [
+            Row.measured(f"torch-{model}-step-horovod",
+                         f"PyTorch {model} step time, hpcai ÷ Horovod DistributedOptimizer",
+                         "<=", 0.9, step["hpcai"], step["horovod"]),
+            Row.measured(f"torch-{model}-sync-ddp",
+                         f"PyTorch {model} exposed sync per step, hpcai ÷ DDP gloo "
+                         f"({best_ddp})", "<=", 0.5, exposed["hpcai"], exposed[best_ddp],
+                         note="exposed sync = synced step − the same step without "
+                         "communication, alternating in the same job"),
+        ]
+    print_rows(rows)
+    path = write_result("torch_baselines", info, rows, {"runs": log},
+                        {"batch_per_rank": BATCH, "resnet50_image": IMAGE["resnet50"],
+                         "steps": args.steps, "warmup_steps": args.warmup,
+                         "trials": args.trials, "sweep_trials": args.sweep_trials,
+                         "ranks": 2, "threads_per_rank": 1, "optimizer": "SGD momentum 0.9",
+                         "horovod_env": {k: v for k, v in os.environ.items()
+                                         if k.startswith("HOROVOD_")}})
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
