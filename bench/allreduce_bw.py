@@ -22,8 +22,10 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from common import Row, alternating_order, loopback_env, print_rows, provenance, write_result
+from common import (RESULTS, Row, alternating_order, loopback_env, print_rows, provenance,
+                    write_result)
 
 TARGET = 0.95
 
@@ -84,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--chunks", default="1,4,16,64", help="raw chunk sizes in MB")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
     if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
         return _as_rank(args.trials, [float(c) for c in args.chunks.split(",") if c])
@@ -116,7 +119,8 @@ def main() -> int:
     path = write_result("allreduce_bw", info, rows, results,
                         {"ranks": 2, "threads_per_rank": 1, "trials": args.trials,
                          "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
-                         "fused": "GradAllreducer defaults (4 MiB buckets, Iallreduce per bucket)"})
+                         "fused": "GradAllreducer defaults (4 MiB buckets, Iallreduce per bucket)"},
+                        out_dir=args.results)
     print(f"written: {path}")
     return 0
 

@@ -3,7 +3,8 @@
 Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in
 README.md and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
 date): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
-target, verdict), its notes, and the file's provenance.
+target, verdict; a miss says by how much the median misses), its notes, the settings and the
+file's provenance.
 
     python bench/render.py           rewrite README.md
     python bench/render.py --check   exit 1 when README.md differs from what the files give
@@ -47,14 +48,19 @@ def render_table(data: dict, name: str) -> str:
                   else f"none (n = {s['n']} too few)")
             cells = [_fmt(s["median"]), f"{_fmt(s['low'])}–{_fmt(s['high'])}", iv,
                      str(s["n"])]
+        verdict = row["verdict"]
+        if verdict == "missed":
+            gap = s["median"] / row["target"] - 1
+            verdict += f" (median {abs(gap):.0%} {'below' if gap < 0 else 'above'} the target)"
         lines.append(f"| {row['label']} | " + " | ".join(cells)
-                     + f" | {row['op']} {row['target']:g} | {row['verdict']} |")
+                     + f" | {row['op']} {row['target']:g} | {verdict} |")
         if row["note"]:
             notes.append(f"- {row['label']}: {row['note']}")
     p = data["provenance"]
     load = (f"load average {p['load_average_at_start'][0]:.1f} at the start, "
             f"{p['load_average_at_end'][0]:.1f} at the end")
-    lines += [""] + notes + (["" ] if notes else []) + [
+    settings = ", ".join(f"{k} {v}" for k, v in data["settings"].items())
+    lines += [""] + notes + ([""] if notes else []) + [f"Settings: {settings}.", "",
         f"From `bench/results/{name}` (commit {str(p['git_commit'])[:10]}"
         f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, {p['machine']}, "
         f"{p['cpus']} CPUs, {load})."]

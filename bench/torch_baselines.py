@@ -37,19 +37,17 @@ import time
 
 from common import Row, loopback_env, print_rows, provenance, write_result
 
-IMAGE = {"resnet50": 112}
-BATCH = 8
 
 
-def _model(name: str):
+def _model(name: str, batch: int, image: int):
     import torch
 
     from hpcai.models import gan3d, resnet
 
     if name == "resnet50":
         model = resnet.resnet50()
-        x = torch.randn(BATCH, 3, IMAGE[name], IMAGE[name])
-        y = torch.randint(0, 1000, (BATCH,))
+        x = torch.randn(batch, 3, image, image)
+        y = torch.randint(0, 1000, (batch,))
 
         def loss_fn(m):
             return torch.nn.functional.cross_entropy(m(x), y)
@@ -66,11 +64,11 @@ def _model(name: str):
         def forward(self, z):
             return sum(o.float().mean() for o in self.D(self.G(z)))
 
-    z = torch.randn(BATCH, gan3d.Generator().latent)
+    z = torch.randn(batch, gan3d.Generator().latent)
     return GanPair(), lambda m: m(z)
 
 
-def _as_rank(side: str, model_name: str, steps: int, warmup: int, port: int) -> int:
+def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
     import copy
 
     import torch
@@ -78,7 +76,8 @@ def _as_rank(side: str, model_name: str, steps: int, warmup: int, port: int) -> 
 
     comm = MPI.COMM_WORLD
     torch.manual_seed(0)
-    model, loss_fn = _model(model_name)
+    model, loss_fn = _model(model_name, args.batch_size, args.image_size)
+    steps, warmup, port = args.steps, args.warmup, args.port
     plain = copy.deepcopy(model)          # the same step without any communication
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -142,12 +141,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(side: str, model: str, steps: int, warmup: int, log: list) -> dict:
+def launch(side: str, model: str, args: argparse.Namespace, log: list) -> dict:
     """One trial: a fresh 2-rank job of ``side``; returns its record (median step time,
     median exposed sync time)."""
     argv = ["hpcai-launch", "-N", "2", "--threads-per-rank", "1", "--", sys.executable,
-            __file__, "--rank", side, "--models", model, "--steps", str(steps),
-            "--warmup", str(warmup), "--port", str(_free_port())]
+            __file__, "--rank", side, "--models", model, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
+            "--image-size", str(args.image_size), "--port", str(_free_port())]
     out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
                          timeout=1200)
     if out.returncode != 0:
@@ -167,18 +167,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ddp-buckets", default="5,100")
+    parser.add_argument("--batch-size", type=int, default=8, help="per rank")
+    parser.add_argument("--image-size", type=int, default=112, help="ResNet50 input pixels")
     parser.add_argument("--rank", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
-        return _as_rank(args.rank, args.models, args.steps, args.warmup, args.port)
+        return _as_rank(args.rank, args.models, args)
     from common import run_alternating
 
     info = provenance()
     rows, log = [], []
     for model in args.models.split(","):
         def side(name: str, model: str = model):
-            return lambda: launch(name, model, args.steps, args.warmup, log)
+            return lambda: launch(name, model, args, log)
         # the DDP bucket sweep: default and each size, alternating; the best goes on
         sweep = ["ddp"] + [f"ddp-{b}mb" for b in args.ddp_buckets.split(",") if b]
         swept = run_alternating({s: side(s) for s in sweep}, args.sweep_trials, warmup=0)
@@ -201,7 +203,7 @@ def main() -> int:
         ]
     print_rows(rows)
     path = write_result("torch_baselines", info, rows, {"runs": log},
-                        {"batch_per_rank": BATCH, "resnet50_image": IMAGE["resnet50"],
+                        {"batch_per_rank": args.batch_size, "resnet50_image": args.image_size,
                          "steps": args.steps, "warmup_steps": args.warmup,
                          "trials": args.trials, "sweep_trials": args.sweep_trials,
                          "ranks": 2, "threads_per_rank": 1, "optimizer": "SGD momentum 0.9",

@@ -37,13 +37,13 @@ def test_readme_matches_committed_results():
         "README.md differs from bench/results: run python bench/render.py"
 
 
-@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
-def test_result_files_carry_provenance_and_trials(path):
-    data = json.loads(path.read_text())
-    missing = [k for k in PROVENANCE if k not in data["provenance"]] \
-        if data["benchmark"] != "validate_repeat" else []
-    assert not missing, f"{path.name} lacks provenance {missing}"
-    for row in data.get("rows", []):
+@pytest.mark.parametrize("name", sorted({n for _, n, _, _ in BLOCKS}))
+def test_rendered_files_carry_provenance_and_trials(name):
+    data = json.loads(render.newest(name, RESULTS).read_text())
+    missing = [k for k in PROVENANCE if k not in data["provenance"]]
+    assert not missing, f"{name} lacks provenance {missing}"
+    assert data["trials"] and data["settings"]
+    for row in data["rows"]:
         if row["stats"] is not None:
             assert row["stats"]["n"] >= 1 and row["verdict"] in ("met", "missed", "unresolved")
 
