@@ -136,7 +136,14 @@ class Row:
     @classmethod
     def measured(cls, key: str, label: str, op: str, target: float, a: Sequence[float],
                  b: Sequence[float], note: str = "") -> "Row":
+        """The row of ratios a_i / b_i; 'invalid' when a baseline b_i is not positive (a
+        difference of two noisy times can be), as no ratio then means anything."""
         stats = RatioStats.of(a, b)
+        bad = sum(x <= 0 for x in b)
+        if bad:
+            why = f"the baseline was <= 0 in {bad} of {len(b)} trials"
+            return cls(key, label, op, target, stats, "invalid",
+                       f"{note}; {why}" if note else why)
         return cls(key, label, op, target, stats, verdict(stats, op, target), note)
 
     @classmethod

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-import tf_keras  # noqa: F401  (pinned in requirements.txt)
+import tf_keras  # noqa: F401  (scripts/install.sh installs it, --no-deps)
 
 PROBE = ("import json, keras, tensorflow as tf; "
          "print(json.dumps([keras.__version__, tf.keras.__name__]))")

@@ -45,7 +45,7 @@ def test_rendered_files_carry_provenance_and_trials(name):
     assert data["trials"] and data["settings"]
     for row in data["rows"]:
         if row["stats"] is not None:
-            assert row["stats"]["n"] >= 1 and row["verdict"] in ("met", "missed", "unresolved")
+            assert row["stats"]["n"] >= 1 and row["verdict"] in ("met", "missed", "unresolved", "invalid")
 
 
 def _doctored_copy(tmp_path: Path) -> Path:
@@ -85,6 +85,11 @@ def test_interval_needs_six_trials_and_whole_interval_decides():
     assert common.verdict(ten, "<=", 0.9) == "met"
     assert common.verdict(ten, "<=", 0.85) == "unresolved"
     assert common.verdict(ten, ">=", 0.9) == "missed"
+
+
+def test_negative_baseline_is_invalid_not_met():
+    row = common.Row.measured("k", "l", "<=", 0.5, [0.1] * 6, [-0.2] * 6)
+    assert row.verdict == "invalid" and "baseline" in row.note
 
 
 def test_alternating_order_is_palindromic():
