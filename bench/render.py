@@ -34,8 +34,25 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}"
 
 
+def _profile_lines(profiles: dict) -> list[str]:
+    """A profile file (``bench/profile_sides.py``): per side, the share of the ranks'
+    samples per category, and the top leaf frames of the synced step or the allreduce."""
+    lines = ["| side | samples | where the ranks' samples fall | top leaf frames (share of all) |",
+             "|---|---|---|---|"]
+    for side, p in profiles.items():
+        cats = "; ".join(f"{k} {v:.1%}" for k, v in p["categories"].items())
+        tops = "; ".join(f"{cat.split(': ', 1)[1]}: {leaf.split(' (')[0][:40]} {v:.1%}"
+                         for cat, top in p["leaf_frames"].items()
+                         if not cat.startswith("other")
+                         for leaf, v in list(top.items())[:3])
+        lines.append(f"| {side} | {p['samples']} | {cats} | {tops} |")
+    return lines
+
+
 def render_table(data: dict, name: str) -> str:
-    """The Markdown of one result file's rows and provenance."""
+    """The Markdown of one result file's rows (or profile) and provenance."""
+    if not data["rows"] and data["benchmark"].startswith("profile"):
+        return _render_tail(_profile_lines(data["trials"]), [], data, name)
     lines = ["| ratio | median | min–max | 95 % interval of the median | trials per side "
              "| target | verdict |", "|---|---|---|---|---|---|---|"]
     notes = []
@@ -56,6 +73,10 @@ def render_table(data: dict, name: str) -> str:
                      + f" | {row['op']} {row['target']:g} | {verdict} |")
         if row["note"]:
             notes.append(f"- {row['label']}: {row['note']}")
+    return _render_tail(lines, notes, data, name)
+
+
+def _render_tail(lines: list[str], notes: list[str], data: dict, name: str) -> str:
     p = data["provenance"]
     load = (f"load average {p['load_average_at_start'][0]:.1f} at the start, "
             f"{p['load_average_at_end'][0]:.1f} at the end")
