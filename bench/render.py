@@ -37,15 +37,16 @@ def _fmt(x: float) -> str:
 def _profile_lines(profiles: dict) -> list[str]:
     """A profile file (``bench/profile_sides.py``): per side, the share of the ranks'
     samples per category, and the top leaf frames of the synced step or the allreduce."""
-    lines = ["| side | samples | where the ranks' samples fall | top leaf frames (share of all) |",
-             "|---|---|---|---|"]
+    lines = ["| side | samples | where the ranks' samples fall | top leaf frames (share of all) "
+             "| rank 0's CPU s per thread over the steps |", "|---|---|---|---|---|"]
     for side, p in profiles.items():
         cats = "; ".join(f"{k} {v:.1%}" for k, v in p["categories"].items())
         tops = "; ".join(f"{cat.split(': ', 1)[1]}: {leaf.split(' (')[0][:40]} {v:.1%}"
                          for cat, top in p["leaf_frames"].items()
                          if not cat.startswith("other")
                          for leaf, v in list(top.items())[:3])
-        lines.append(f"| {side} | {p['samples']} | {cats} | {tops} |")
+        cpu = ", ".join(f"{n} {c:g}" for n, c in p.get("rank0_thread_cpu_s") or []) or "—"
+        lines.append(f"| {side} | {p['samples']} | {cats} | {tops} | {cpu} |")
     return lines
 
 

@@ -6,7 +6,9 @@ training steps of the same model, batch, optimiser (SGD) and synthetic data, eac
 preceded (alternately) by the same step on an unwrapped copy of the model with no
 communication. Per step the slower rank's time counts; a trial gives the median synced step
 time and the median of (synced - local) per step pair: the gradient-sync time the side
-exposes on top of the compute. Sides:
+exposes on top of the compute. Rank 0 also reports the CPU seconds of each of its threads
+over the measured loop (``/proc/self/task``), which shows what a background thread costs.
+Sides:
 
 - ``hpcai``: the engine's ``GradAllreducer`` with its defaults (4 MiB buckets, overlap with
   backward, mpi4py on the job's MPI);
@@ -33,6 +35,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 from common import Row, loopback_env, print_rows, provenance, write_result
@@ -117,6 +120,7 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
         plain_opt.step()
 
     times: dict[str, list[float]] = {"synced": [], "local": []}
+    cpu_before = thread_cpu_s()
     for i in range(warmup + steps):   # synced and local steps alternate: A B B A ...
         for kind, step in ((("synced", synced), ("local", local)) if i % 2 == 0 else
                            (("local", local), ("synced", synced))):
@@ -125,14 +129,36 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
             step()
             if i >= warmup:
                 times[kind].append(time.perf_counter() - t0)
+    cpu_after = thread_cpu_s()
+    main_tid = threading.get_native_id()
+    threads = sorted(((("main" if tid == main_tid else name),
+                       round(cpu - cpu_before.get(tid, (name, 0.0))[1], 2))
+                      for tid, (name, cpu) in cpu_after.items()), key=lambda t: -t[1])
     slowest = {k: [max(ts) for ts in zip(*comm.allgather(v))] for k, v in times.items()}
     if comm.rank == 0:
         print(json.dumps({"median_step_s": statistics.median(slowest["synced"]),
                           "median_local_s": statistics.median(slowest["local"]),
                           "exposed_sync_s": statistics.median(
                               a - b for a, b in zip(slowest["synced"], slowest["local"])),
-                          "steps_s": slowest, "threads": torch.get_num_threads()}))
+                          "steps_s": slowest, "threads": torch.get_num_threads(),
+                          "rank0_thread_cpu_s": [t for t in threads if t[1] > 0]}))
     return 0
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every thread of this process, by thread id, with the
+    thread's name (``/proc/self/task/*/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            stat = open(f"/proc/self/task/{task}/stat").read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        fields = rest.split()
+        out[int(task)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 def _free_port() -> int:
