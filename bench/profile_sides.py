@@ -82,9 +82,9 @@ def profile(side: str, command: list[str], work: Path) -> dict:
     if result.returncode != 0 or not files:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stderr[-3000:]}")
     summary = summarize("\n".join(f.read_text() for f in files))
-    lines = result.stdout.strip().splitlines()
-    if lines and lines[-1].startswith("{"):   # torch_baselines: rank 0's CPU per thread
-        summary["rank0_thread_cpu_s"] = json.loads(lines[-1]).get("rank0_thread_cpu_s")
+    records = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    if records:   # torch_baselines (py-spy prints after it): rank 0's CPU per thread
+        summary["rank0_thread_cpu_s"] = json.loads(records[-1]).get("rank0_thread_cpu_s")
     print(f"{side}: {summary['samples']} samples", flush=True)
     for k, v in summary["categories"].items():
         print(f"  {v:6.1%} {k}")
