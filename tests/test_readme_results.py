@@ -43,9 +43,10 @@ def test_rendered_files_carry_provenance_and_trials(name):
     missing = [k for k in PROVENANCE if k not in data["provenance"]]
     assert not missing, f"{name} lacks provenance {missing}"
     assert data["trials"] and data["settings"]
+    verdicts = ("met", "missed", "unresolved", "invalid")
     for row in data["rows"]:
         if row["stats"] is not None:
-            assert row["stats"]["n"] >= 1 and row["verdict"] in ("met", "missed", "unresolved", "invalid")
+            assert row["stats"]["n"] >= 1 and row["verdict"] in verdicts
 
 
 def _doctored_copy(tmp_path: Path) -> Path:
