@@ -1,11 +1,34 @@
-"""Shared by the benchmarks: the environment that keeps MPI on loopback, generated data."""
+"""Shared by the benchmarks: loopback MPI, generated data, alternating trials, ratio
+statistics, and the one JSON writer (with provenance) every benchmark uses.
+
+A result file is ``bench/results/<benchmark>-<host>-<UTC date>.json`` (one per machine and
+run, committed); ``bench/render.py`` renders the README's tables from the newest file of each
+benchmark, and ``tests/test_readme_results.py`` fails when the two disagree.
+"""
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
+import json
+import math
 import os
+import platform
+import shutil
+import socket
+import statistics
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+PACKAGES = ("torch", "numpy", "mpi4py", "horovod", "tensorflow-cpu", "keras", "tf-keras",
+            "h5py")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+               "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "TF_USE_LEGACY_KERAS")
 
 
 def loopback_env(**extra: str) -> dict[str, str]:
@@ -22,3 +45,173 @@ def gan_data(workdir: Path, events: int = 1024) -> Path:
                         str(data), "--files", "1", "--events", str(events)], check=True,
                        capture_output=True)
     return data
+
+
+# -- trials ------------------------------------------------------------------------------
+def alternating_order(sides: Sequence[str], trials: int) -> list[str]:
+    """``trials`` runs of every side in palindromic rounds (A B B A ..., A B C C B A ...),
+    so a drift in machine load falls on all sides alike."""
+    order: list[str] = []
+    for i in range(trials):
+        order += list(sides) if i % 2 == 0 else list(reversed(sides))
+    return order
+
+
+def run_alternating(sides: dict[str, Callable[[], float]], trials: int,
+                    warmup: int = 1) -> dict[str, list[float]]:
+    """Call every side ``warmup`` times (discarded), then ``trials`` times in
+    :func:`alternating_order`; returns each side's measured values in order."""
+    for _ in range(warmup):
+        for fn in sides.values():
+            fn()
+    values: dict[str, list[float]] = {name: [] for name in sides}
+    for name in alternating_order(list(sides), trials):
+        values[name].append(sides[name]())
+    return values
+
+
+@dataclass(frozen=True)
+class RatioStats:
+    """Per-trial ratios A_i / B_i (the i-th trial of each side, paired in run order):
+    their median, min/max, and a distribution-free interval for the median (order
+    statistics; ``interval`` is None when ``n`` is too small for 95 %)."""
+
+    n: int
+    median: float
+    low: float
+    high: float
+    interval: tuple[float, float] | None
+    coverage: float
+
+    @classmethod
+    def of(cls, a: Sequence[float], b: Sequence[float]) -> "RatioStats":
+        ratios = sorted(x / y for x, y in zip(a, b))
+        n = len(ratios)
+        if n == 0:
+            raise ValueError("no trials")
+        k, coverage = _median_interval_rank(n)
+        interval = (ratios[k - 1], ratios[n - k]) if k else None
+        return cls(n=n, median=statistics.median(ratios), low=ratios[0], high=ratios[-1],
+                   interval=interval, coverage=coverage)
+
+
+def _median_interval_rank(n: int, level: float = 0.95) -> tuple[int, float]:
+    """The largest k with [x_(k), x_(n+1-k)] covering the median with probability >= level,
+    and that coverage; (0, coverage of [min, max]) when even that is below level."""
+    def below(k: int) -> float:   # P(Binomial(n, 1/2) <= k - 1)
+        return sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    best = 0
+    for k in range(1, n // 2 + 1):
+        if 1 - 2 * below(k) >= level:
+            best = k
+    return best, round(1 - 2 * below(max(best, 1)), 4)
+
+
+def verdict(stats: RatioStats, op: str, target: float) -> str:
+    """'met' only when the whole interval meets the target, 'missed' when the whole
+    interval misses it, else 'unresolved' (also when there is no 95 % interval)."""
+    if stats.interval is None:
+        return "unresolved"
+    lo, hi = stats.interval
+    ok = (lambda x: x <= target) if op == "<=" else (lambda x: x >= target)
+    if ok(lo) and ok(hi):
+        return "met"
+    if not ok(lo) and not ok(hi):
+        return "missed"
+    return "unresolved"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One target row of a benchmark: the ratio measured, its target and verdict."""
+
+    key: str
+    label: str
+    op: str
+    target: float
+    stats: RatioStats | None
+    verdict: str
+    note: str = ""
+
+    @classmethod
+    def measured(cls, key: str, label: str, op: str, target: float, a: Sequence[float],
+                 b: Sequence[float], note: str = "") -> "Row":
+        """The row of ratios a_i / b_i; 'invalid' when a baseline b_i is not positive (a
+        difference of two noisy times can be), as no ratio then means anything."""
+        stats = RatioStats.of(a, b)
+        bad = sum(x <= 0 for x in b)
+        if bad:
+            why = f"the baseline was <= 0 in {bad} of {len(b)} trials"
+            return cls(key, label, op, target, stats, "invalid",
+                       f"{note}; {why}" if note else why)
+        return cls(key, label, op, target, stats, verdict(stats, op, target), note)
+
+    @classmethod
+    def not_measured(cls, key: str, label: str, op: str, target: float, why: str) -> "Row":
+        return cls(key, label, op, target, None, "not measured", why)
+
+
+# -- provenance and the JSON writer ------------------------------------------------------
+def _first_line(argv: list[str], containing: str = "") -> str | None:
+    if not shutil.which(argv[0]):
+        return None
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if containing in ln]
+    return lines[0] if lines else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def provenance() -> dict:
+    """Where and on what a result was measured (load average taken now: call it at the
+    start of a run; :func:`write_result` adds the load at the end)."""
+    commit = _first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "-uno"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
+                  if ln.startswith("model name")), platform.processor())
+    return {
+        "git_commit": commit, "git_dirty": bool(dirty),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "machine": model, "cpus": os.cpu_count(),
+        "kernel": platform.release(), "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "open_mpi": _first_line(["mpirun.openmpi", "--version"]),
+        "threads_env": {k: os.environ.get(k) for k in THREAD_VARS},
+        "packages": {p: _version(p) for p in PACKAGES},
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def write_result(benchmark: str, info: dict, rows: Sequence[Row], trials: dict,
+                 settings: dict, out_dir: Path = RESULTS) -> Path:
+    """Write ``<benchmark>-<host>-<date>.json``: provenance (``info`` from
+    :func:`provenance` plus the load average now), the settings, the target rows and every
+    trial; returns the path."""
+    info = dict(info, load_average_at_end=[round(x, 2) for x in os.getloadavg()])
+    stamp = info["date"].replace(":", "").replace("-", "").split("+")[0]
+    path = out_dir / f"{benchmark}-{info['host']}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": benchmark, "provenance": info,
+                                "settings": settings, "rows": [asdict(r) for r in rows],
+                                "trials": trials}, indent=1) + "\n")
+    return path
+
+
+def print_rows(rows: Sequence[Row]) -> None:
+    for r in rows:
+        if r.stats is None:
+            print(f"{r.label}: not measured ({r.note})")
+            continue
+        s = r.stats
+        iv = (f"[{s.interval[0]:.3f}, {s.interval[1]:.3f}] ({s.coverage:.1%})"
+              if s.interval else f"none (n={s.n}: [min,max] covers {s.coverage:.1%})")
+        print(f"{r.label}: median {s.median:.3f} (min {s.low:.3f}, max {s.high:.3f}), "
+              f"interval {iv}, target {r.op} {r.target}: {r.verdict}"
+              + (f"; {r.note}" if r.note else ""), flush=True)

@@ -1,12 +1,16 @@
 """Container overhead, side by side in one run: the same 3DGAN training, 2 ranks, bare on
 the host and inside Charliecloud with the host MPI bound in.
 
-Alternates bare and container runs (``--repeat``, default 2 each), each 2 epochs of
-``--max-steps`` steps from the same generated data; compares the second epoch's samples/s
-(best run of each) and the peak RSS per rank. Targets: throughput container/bare >= 0.99,
-peak RSS container/bare <= 1.01 (the seed: 1968 vs 1973 img/s, 331.29 vs 331.33 GB free).
+Each trial is one run of 2 epochs x ``--steps`` steps from the same generated data; the
+second epoch's samples/s and the peak RSS per rank count. Sides alternate (A B B A ...),
+``--trials`` each (default 10), after one warm-up run of each. Rows: throughput container ÷
+bare (target >= 0.99, interval included) and peak RSS per rank container ÷ bare (<= 1.01).
 
-    python bench/container_overhead.py [--image ~/.cache/hpcai/images/hpcai-bookworm]
+The interpreters differ: bare runs this venv's Python, the container the image's
+``python3`` (same CPython minor and torch/mpi4py/numpy versions; both are recorded). The
+issue asks for the same interpreter on both sides; that is not done here (see README).
+
+    python bench/container_overhead.py [--image DIR] [--trials 10] [--steps 4]
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import loopback_env
+from common import Row, loopback_env, print_rows, provenance, run_alternating, write_result
 
 DEFAULT_IMAGE = Path.home() / ".cache" / "hpcai" / "images" / "hpcai-bookworm"
 
@@ -44,11 +48,11 @@ def one_run(container: str | None, data: Path, out: Path, steps: int, python: st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default=str(DEFAULT_IMAGE))
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--json", default="bench/results/container_overhead.json")
     args = parser.parse_args()
-    json_path = Path(args.json).resolve()
+    info = provenance()
+    log: list = []
     with tempfile.TemporaryDirectory(dir=os.getcwd(), prefix=".bench-") as tmp:
         work = Path(tmp)
         os.chdir(work)   # bound into the container as its working directory
@@ -56,27 +60,32 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "hpcai.training.showers", "generate", "--out",
                         str(data), "--files", "1", "--events", "256"], check=True,
                        capture_output=True)
-        runs: dict[str, list[dict]] = {"bare": [], "container": []}
-        for i in range(args.repeat):
-            runs["bare"].append(one_run(None, data, work / f"bare-{i}", args.steps,
-                                        sys.executable))
-            runs["container"].append(one_run(args.image, data, work / f"ch-{i}", args.steps,
-                                             "python3"))
-            for kind in runs:
-                r = runs[kind][-1]
+
+        def side(kind: str):
+            def run() -> dict:
+                container, python = ((args.image, "python3") if kind == "container"
+                                     else (None, sys.executable))
+                r = one_run(container, data, work / f"{kind}-{len(log)}", args.steps, python)
+                log.append({"side": kind, **r})
                 print(f"  {kind:9s} {r['samples_per_s']:.3f} samples/s, peak RSS "
                       f"{r['max_rss_mb_per_rank']:.0f} MiB/rank, libmpi {r['libmpi']}",
                       flush=True)
-    best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in runs.items()}
-    throughput = best["container"]["samples_per_s"] / best["bare"]["samples_per_s"]
-    rss = (min(r["max_rss_mb_per_rank"] for r in runs["container"]) /
-           min(r["max_rss_mb_per_rank"] for r in runs["bare"]))
-    print(f"throughput container/bare {throughput:.3f} (target >= 0.99); "
-          f"peak RSS container/bare {rss:.3f} (target <= 1.01)")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"runs": runs, "throughput_ratio": throughput,
-                                     "rss_ratio": rss, "targets": {"throughput": 0.99,
-                                                                   "rss": 1.01}}, indent=1))
+                return r
+            return run
+        t = run_alternating({"container": side("container"), "bare": side("bare")},
+                            args.trials, warmup=1)
+    rows = [Row.measured("container-throughput", "3DGAN samples/s, ch-run with host MPI ÷ "
+                         "bare", ">=", 0.99, [r["samples_per_s"] for r in t["container"]],
+                         [r["samples_per_s"] for r in t["bare"]],
+                         note="bare: this venv's Python; container: the image's python3"),
+            Row.measured("container-rss", "peak RSS per rank, ch-run ÷ bare", "<=", 1.01,
+                         [r["max_rss_mb_per_rank"] for r in t["container"]],
+                         [r["max_rss_mb_per_rank"] for r in t["bare"]])]
+    print_rows(rows)
+    path = write_result("container_overhead", info, rows, {"runs": log},
+                        {"image": args.image, "trials": args.trials, "steps": args.steps,
+                         "ranks": 2, "batch_per_rank": 8})
+    print(f"written: {path}")
     return 0
 
 

@@ -38,6 +38,14 @@ if [ ! -e "$stamp" ]; then
   "${PIP[@]}" install -r "$ROOT/requirements.txt"
   touch "$stamp"
 fi
+# tf-keras (Keras 2 as tf.keras under TF_USE_LEGACY_KERAS=1, for Horovod's upstream TF2
+# scripts: bench/tf_baselines.py) without its dependency: it requires `tensorflow`, which
+# would install a second TensorFlow over tensorflow-cpu.
+TF_KERAS_VERSION=2.21.0
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('tf-keras') != '$TF_KERAS_VERSION')" 2>/dev/null; then
+  say "pip install --no-deps tf-keras==$TF_KERAS_VERSION"
+  "${PIP[@]}" install --no-deps "tf-keras==$TF_KERAS_VERSION"
+fi
 # Intel MPI from PyPI goes into its own prefix: installed into the venv itself, its
 # libmpi.so and mpirun would shadow the system MPIs for every program in the venv.
 IMPI="$VENV/opt/impi-rt"

@@ -1,0 +1,120 @@
+"""Render the README's performance tables from the committed result files.
+
+Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in
+README.md and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
+date): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
+target, verdict; a miss says by how much the median misses), its notes, the settings and the
+file's provenance.
+
+    python bench/render.py           rewrite README.md
+    python bench/render.py --check   exit 1 when README.md differs from what the files give
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+
+
+def newest(benchmark: str, results: Path) -> Path:
+    """The result file of ``benchmark`` with the latest provenance date."""
+    files = sorted(results.glob(f"{benchmark}-*.json"))
+    if not files:
+        raise FileNotFoundError(f"no {benchmark}-*.json under {results}")
+    return max(files, key=lambda f: (json.loads(f.read_text())["provenance"]["date"], f.name))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _profile_lines(profiles: dict) -> list[str]:
+    """A profile file (``bench/profile_sides.py``): per side, the share of the ranks'
+    samples per category, and the top leaf frames of the synced step or the allreduce."""
+    lines = ["| side | samples | where the ranks' samples fall | top leaf frames (share of all) "
+             "| rank 0's CPU s per thread over the steps |", "|---|---|---|---|---|"]
+    for side, p in profiles.items():
+        cats = "; ".join(f"{k} {v:.1%}" for k, v in p["categories"].items())
+        tops = "; ".join(f"{cat.split(': ', 1)[1]}: {leaf.split(' (')[0][:40]} {v:.1%}"
+                         for cat, top in p["leaf_frames"].items()
+                         if not cat.startswith("other")
+                         for leaf, v in list(top.items())[:3])
+        cpu = ", ".join(f"{n} {c:g}" for n, c in p.get("rank0_thread_cpu_s") or []) or "—"
+        lines.append(f"| {side} | {p['samples']} | {cats} | {tops} | {cpu} |")
+    return lines
+
+
+def render_table(data: dict, name: str) -> str:
+    """The Markdown of one result file's rows (or profile) and provenance."""
+    if not data["rows"] and data["benchmark"].startswith("profile"):
+        return _render_tail(_profile_lines(data["trials"]), [], data, name)
+    lines = ["| ratio | median | min–max | 95 % interval of the median | trials per side "
+             "| target | verdict |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for row in data["rows"]:
+        s = row["stats"]
+        if s is None:
+            cells = ["—", "—", "—", "0"]
+        else:
+            iv = (f"{_fmt(s['interval'][0])}–{_fmt(s['interval'][1])}" if s["interval"]
+                  else f"none (n = {s['n']} too few)")
+            cells = [_fmt(s["median"]), f"{_fmt(s['low'])}–{_fmt(s['high'])}", iv,
+                     str(s["n"])]
+        verdict = row["verdict"]
+        if verdict == "missed":
+            gap = s["median"] / row["target"] - 1
+            verdict += f" (median {abs(gap):.0%} {'below' if gap < 0 else 'above'} the target)"
+        lines.append(f"| {row['label']} | " + " | ".join(cells)
+                     + f" | {row['op']} {row['target']:g} | {verdict} |")
+        if row["note"]:
+            notes.append(f"- {row['label']}: {row['note']}")
+    return _render_tail(lines, notes, data, name)
+
+
+def _render_tail(lines: list[str], notes: list[str], data: dict, name: str) -> str:
+    p = data["provenance"]
+    load = (f"load average {p['load_average_at_start'][0]:.1f} at the start, "
+            f"{p['load_average_at_end'][0]:.1f} at the end")
+    settings = ", ".join(f"{k} {v}" for k, v in data["settings"].items())
+    lines += [""] + notes + ([""] if notes else []) + [f"Settings: {settings}.", "",
+        f"From `bench/results/{name}` (commit {str(p['git_commit'])[:10]}"
+        f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, {p['machine']}, "
+        f"{p['cpus']} CPUs, {load})."]
+    return "\n".join(lines) + "\n"
+
+
+def render_readme(text: str, results: Path) -> str:
+    """``text`` with every results block re-rendered from the newest file."""
+    def block(m: re.Match) -> str:
+        path = newest(m.group(2), results)
+        return m.group(1) + render_table(json.loads(path.read_text()), path.name) + m.group(4)
+    return BLOCK.sub(block, text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    parser.add_argument("--results", default=str(REPO / "bench" / "results"))
+    args = parser.parse_args()
+    readme = Path(args.readme)
+    text = readme.read_text()
+    rendered = render_readme(text, Path(args.results))
+    if args.check:
+        if rendered != text:
+            print("README.md differs from bench/results: run python bench/render.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Step time and exposed gradient-sync time, PyTorch, 2 ranks x 1 thread: hpcai's engine
+against the stock baselines a Horovod or DDP user would run, side by side in one run.
+
+Each trial is a fresh ``hpcai-launch -N 2`` job of one side: ``--warmup`` + ``--steps``
+training steps of the same model, batch, optimiser (SGD) and synthetic data, each followed or
+preceded (alternately) by the same step on an unwrapped copy of the model with no
+communication. Per step the slower rank's time counts; a trial gives the median synced step
+time and the median of (synced - local) per step pair: the gradient-sync time the side
+exposes on top of the compute. Rank 0 also reports the CPU seconds of each of its threads
+over the measured loop (``/proc/self/task``), which shows what a background thread costs.
+Sides:
+
+- ``hpcai``: the engine's ``GradAllreducer`` with its defaults (4 MiB buckets, overlap with
+  backward, mpi4py on the job's MPI);
+- ``horovod``: ``hvd.DistributedOptimizer`` with Horovod's defaults (fusion buffer, cycle
+  time, overlap with backward; no HOROVOD_* variable set), as Horovod's PyTorch examples
+  use it;
+- ``ddp``: ``DistributedDataParallel`` on gloo with its defaults (25 MiB buckets, overlap);
+  ``ddp-<N>mb``: with ``bucket_cap_mb=N`` (the sweep, ``--ddp-buckets``);
+
+All sides use the default (channels-first) memory format: Horovod 0.28.1 refuses
+channels-last tensors ("Tensor is required to be contiguous" in broadcast and allreduce).
+Trials alternate (A B C C B A ...), warm-up steps are excluded. Rows: step time hpcai ÷
+horovod (target <= 0.9), exposed sync hpcai ÷ best DDP (target <= 0.5).
+
+    python bench/torch_baselines.py [--models resnet50,3dgan] [--trials 10] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from common import Row, loopback_env, print_rows, provenance, write_result
+
+
+
+def _model(name: str, batch: int, image: int):
+    import torch
+
+    from hpcai.models import gan3d, resnet
+
+    if name == "resnet50":
+        model = resnet.resnet50()
+        x = torch.randn(batch, 3, image, image)
+        y = torch.randint(0, 1000, (batch,))
+
+        def loss_fn(m):
+            return torch.nn.functional.cross_entropy(m(x), y)
+        return model, loss_fn
+
+    class GanPair(torch.nn.Module):
+        """Generator and discriminator, one forward/backward through both."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.G = gan3d.Generator()
+            self.D = gan3d.Discriminator()
+
+        def forward(self, z):
+            return sum(o.float().mean() for o in self.D(self.G(z)))
+
+    z = torch.randn(batch, gan3d.Generator().latent)
+    return GanPair(), lambda m: m(z)
+
+
+def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
+    import copy
+
+    import torch
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    torch.manual_seed(0)
+    model, loss_fn = _model(model_name, args.batch_size, args.image_size)
+    steps, warmup, port = args.steps, args.warmup, args.port
+    plain = copy.deepcopy(model)          # the same step without any communication
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    finish = None
+    if side == "hpcai":
+        from hpcai.training.allreduce import GradAllreducer, MpiTransport
+
+        reducer = GradAllreducer(model, MpiTransport(comm))
+        finish = reducer.synchronize
+    elif side == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    elif side.startswith("ddp"):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=comm.rank, world_size=comm.size)
+        kw = {"bucket_cap_mb": float(side[4:-2])} if side != "ddp" else {}
+        model = torch.nn.parallel.DistributedDataParallel(model, **kw)
+
+    def synced() -> None:
+        if side == "hpcai":
+            opt.zero_grad(set_to_none=False)   # gradients stay views into the buckets
+        else:
+            opt.zero_grad()
+        loss_fn(model).backward()
+        if finish:
+            finish()
+        opt.step()
+
+    def local() -> None:
+        plain_opt.zero_grad()
+        loss_fn(plain).backward()
+        plain_opt.step()
+
+    times: dict[str, list[float]] = {"synced": [], "local": []}
+    cpu_before = thread_cpu_s()
+    for i in range(warmup + steps):   # synced and local steps alternate: A B B A ...
+        for kind, step in ((("synced", synced), ("local", local)) if i % 2 == 0 else
+                           (("local", local), ("synced", synced))):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            step()
+            if i >= warmup:
+                times[kind].append(time.perf_counter() - t0)
+    cpu_after = thread_cpu_s()
+    main_tid = threading.get_native_id()
+    threads = sorted(((("main" if tid == main_tid else name),
+                       round(cpu - cpu_before.get(tid, (name, 0.0))[1], 2))
+                      for tid, (name, cpu) in cpu_after.items()), key=lambda t: -t[1])
+    slowest = {k: [max(ts) for ts in zip(*comm.allgather(v))] for k, v in times.items()}
+    if comm.rank == 0:
+        print(json.dumps({"median_step_s": statistics.median(slowest["synced"]),
+                          "median_local_s": statistics.median(slowest["local"]),
+                          "exposed_sync_s": statistics.median(
+                              a - b for a, b in zip(slowest["synced"], slowest["local"])),
+                          "steps_s": slowest, "threads": torch.get_num_threads(),
+                          "rank0_thread_cpu_s": [t for t in threads if t[1] > 0]}))
+    return 0
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every thread of this process, by thread id, with the
+    thread's name (``/proc/self/task/*/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            stat = open(f"/proc/self/task/{task}/stat").read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        fields = rest.split()
+        out[int(task)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(side: str, model: str, args: argparse.Namespace, log: list) -> dict:
+    """One trial: a fresh 2-rank job of ``side``; returns its record (median step time,
+    median exposed sync time)."""
+    argv = ["hpcai-launch", "-N", "2", "--threads-per-rank", "1", "--", sys.executable,
+            __file__, "--rank", side, "--models", model, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
+            "--image-size", str(args.image_size), "--port", str(_free_port())]
+    out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
+                         timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    log.append({"side": side, "model": model, **result})
+    print(f"  {model:8s} {side:10s} {result['median_step_s']:.3f} s/step, exposed sync "
+          f"{result['exposed_sync_s'] * 1e3:7.1f} ms", flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,3dgan")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--sweep-trials", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--ddp-buckets", default="5,100")
+    parser.add_argument("--batch-size", type=int, default=8, help="per rank")
+    parser.add_argument("--image-size", type=int, default=112, help="ResNet50 input pixels")
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        return _as_rank(args.rank, args.models, args)
+    from common import run_alternating
+
+    info = provenance()
+    rows, log = [], []
+    for model in args.models.split(","):
+        def side(name: str, model: str = model):
+            return lambda: launch(name, model, args, log)
+        # the DDP bucket sweep: default and each size, alternating; the best goes on
+        sweep = ["ddp"] + [f"ddp-{b}mb" for b in args.ddp_buckets.split(",") if b]
+        swept = run_alternating({s: side(s) for s in sweep}, args.sweep_trials, warmup=0)
+        best_ddp = min(swept, key=lambda s: statistics.median(
+            r["exposed_sync_s"] for r in swept[s]))
+        print(f"  {model}: best DDP setting (least exposed sync) {best_ddp}", flush=True)
+        t = run_alternating({s: side(s) for s in ("hpcai", "horovod", best_ddp)},
+                            args.trials, warmup=0)
+        step = {s: [r["median_step_s"] for r in v] for s, v in t.items()}
+        exposed = {s: [r["exposed_sync_s"] for r in v] for s, v in t.items()}
+        rows += [
+            Row.measured(f"torch-{model}-step-horovod",
+                         f"PyTorch {model} step time, hpcai ÷ Horovod DistributedOptimizer",
+                         "<=", 0.9, step["hpcai"], step["horovod"]),
+            Row.measured(f"torch-{model}-sync-ddp",
+                         f"PyTorch {model} exposed sync per step, hpcai ÷ DDP gloo "
+                         f"({best_ddp})", "<=", 0.5, exposed["hpcai"], exposed[best_ddp],
+                         note="exposed sync = synced step − the same step without "
+                         "communication, alternating in the same job"),
+        ]
+    print_rows(rows)
+    path = write_result("torch_baselines", info, rows, {"runs": log},
+                        {"batch_per_rank": args.batch_size, "resnet50_image": args.image_size,
+                         "steps": args.steps, "warmup_steps": args.warmup,
+                         "trials": args.trials, "sweep_trials": args.sweep_trials,
+                         "ranks": 2, "threads_per_rank": 1, "optimizer": "SGD momentum 0.9",
+                         "horovod_env": {k: v for k, v in os.environ.items()
+                                         if k.startswith("HOROVOD_")}})
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

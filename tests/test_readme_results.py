@@ -1,0 +1,97 @@
+"""The README's performance tables are what the committed result files say.
+
+``bench/render.py`` renders each ``<!-- results:NAME -->`` block from the newest
+``bench/results/NAME-*.json``; these tests fail when the README and the files disagree, and
+their negative controls show that a doctored file or a doctored README is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import common  # noqa: E402
+import render  # noqa: E402
+
+README = (REPO / "README.md").read_text()
+RESULTS = REPO / "bench" / "results"
+BLOCKS = render.BLOCK.findall(README)
+PROVENANCE = ("git_commit", "date", "machine", "cpus", "open_mpi", "threads_env", "packages",
+              "load_average_at_start", "load_average_at_end")
+
+
+def test_readme_has_results_blocks():
+    assert {name for _, name, _, _ in BLOCKS} >= {"torch_baselines", "allreduce_bw", "training"}
+
+
+def test_readme_matches_committed_results():
+    assert render.render_readme(README, RESULTS) == README, \
+        "README.md differs from bench/results: run python bench/render.py"
+
+
+@pytest.mark.parametrize("name", sorted({n for _, n, _, _ in BLOCKS}))
+def test_rendered_files_carry_provenance_and_trials(name):
+    data = json.loads(render.newest(name, RESULTS).read_text())
+    missing = [k for k in PROVENANCE if k not in data["provenance"]]
+    assert not missing, f"{name} lacks provenance {missing}"
+    assert data["trials"] and data["settings"]
+    verdicts = ("met", "missed", "unresolved", "invalid")
+    for row in data["rows"]:
+        if row["stats"] is not None:
+            assert row["stats"]["n"] >= 1 and row["verdict"] in verdicts
+
+
+def _doctored_copy(tmp_path: Path) -> Path:
+    """A copy of the results in which the first measured row's median is changed."""
+    out = tmp_path / "results"
+    shutil.copytree(RESULTS, out)
+    path = out / render.newest(BLOCKS[0][1], RESULTS).name
+    data = json.loads(path.read_text())
+    row = next(r for r in data["rows"] if r["stats"] is not None)
+    row["stats"]["median"] += 0.01
+    path.write_text(json.dumps(data))
+    return out
+
+
+def test_negative_control_doctored_json_is_caught(tmp_path):
+    assert render.render_readme(README, _doctored_copy(tmp_path)) != README
+
+
+def test_negative_control_doctored_readme_is_caught():
+    block = BLOCKS[0][2]
+    number = re.search(r"\d\.\d{3}", block).group(0)
+    doctored = README.replace(block, block.replace(number, "9.999", 1), 1)
+    assert doctored != README
+    assert render.render_readme(doctored, RESULTS) != doctored
+
+
+def test_negative_control_block_without_file_fails(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        render.render_readme("<!-- results:nothing -->\n<!-- /results -->", tmp_path)
+
+
+def test_interval_needs_six_trials_and_whole_interval_decides():
+    five = common.RatioStats.of([1.0] * 5, [2.0] * 5)
+    assert five.interval is None and common.verdict(five, "<=", 0.9) == "unresolved"
+    ten = common.RatioStats.of([0.8, 0.85, 0.7, 0.8, 0.82, 0.8, 0.86, 0.8, 0.81, 0.95], [1] * 10)
+    assert ten.interval == (0.8, 0.86) and ten.coverage > 0.95
+    assert common.verdict(ten, "<=", 0.9) == "met"
+    assert common.verdict(ten, "<=", 0.85) == "unresolved"
+    assert common.verdict(ten, ">=", 0.9) == "missed"
+
+
+def test_negative_baseline_is_invalid_not_met():
+    row = common.Row.measured("k", "l", "<=", 0.5, [0.1] * 6, [-0.2] * 6)
+    assert row.verdict == "invalid" and "baseline" in row.note
+
+
+def test_alternating_order_is_palindromic():
+    assert common.alternating_order(["a", "b"], 4) == list("abbaabba")
