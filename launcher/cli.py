@@ -7,6 +7,8 @@ Usage:
   hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
   hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
   hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
+  hpcai-launch tune -- train 3dgan ...               (ranks x threads for this node)
+  hpcai-launch predict --tune tune.json --nodes 1,2,4 (time, samples/s, efficiency)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -64,9 +66,19 @@ def _export_onnx(argv: list[str]) -> int:
     return export_onnx(argv)
 
 
+def _tune(argv: list[str]) -> int:
+    from ..perf.tune import run as tune
+    return tune(argv)
+
+
+def _predict(argv: list[str]) -> int:
+    from ..perf.predict import run as predict
+    return predict(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
-    "export-onnx": _export_onnx}
+    "export-onnx": _export_onnx, "tune": _tune, "predict": _predict}
 
 
 def make_parser() -> Parser:

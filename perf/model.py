@@ -64,7 +64,8 @@ class ComputeFit:
     @classmethod
     def fit(cls, samples: Sequence[ComputeSample]) -> "ComputeFit":
         """Least squares of ``serial + parallel / T`` over the one-rank samples (one thread
-        count only: all of it counted as parallel), then the mean contention implied by each
+        count only: all of it counted as parallel; ``parallel`` < 0 when more threads were
+        measured slower, as on a busy node), then the mean contention implied by each
         sample with more ranks. ValueError without a one-rank sample."""
         single = [s for s in samples if s.ranks == 1]
         if not single:
@@ -75,11 +76,9 @@ class ComputeFit:
             serial, parallel = 0.0, sum(y / x for x, y in zip(xs, ys)) / len(xs)
         else:
             serial, parallel = _least_squares(xs, ys)
-            if serial < 0:         # noise: a line through the origin instead
+            if serial < 0:         # faster than linear: a line through the origin instead
                 serial = 0.0
                 parallel = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-            if parallel < 0:
-                serial, parallel = sum(ys) / len(ys), 0.0
         shared = [s for s in samples if s.ranks > 1]
         contention = 0.0
         if shared:
