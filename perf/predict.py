@@ -162,7 +162,7 @@ def render(steps: list[StepPrediction], table: str, comparisons: list[Comparison
            source: str, topology: str, net: LinkCost) -> str:
     lines = [table.replace("# Scaling report", "# Predicted scaling", 1).rstrip(), "",
              f"Network: {source}, {topology}, alpha {net.alpha_s * 1e6:.3g} us, "
-             f"bandwidth {8 / net.beta_s_per_byte / 1e9:.3g} Gbit/s.", "",
+             f"bandwidth {net.bandwidth_bytes_s * 8 / 1e9:.3g} Gbit/s.", "",
              "| nodes | step (s) | compute (s) | allreduce (s) | algorithm | bound |",
              "|---:|---:|---:|---:|---|---|"]
     for s in steps:

@@ -23,7 +23,6 @@ that do not fit in memory are dropped, and the best are printed with their reaso
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import shutil
@@ -195,7 +194,8 @@ def rank_layouts(result: TuneResult, max_ranks: int) -> list[Choice]:
             reason = (f"memory: {r} x {mem / 2**30:.2f} GiB > "
                       f"{result.memory_bytes / 2**30:.1f} GiB available")
         elif comm > compute:
-            reason = f"communication-bound (allreduce {100 * comm / (compute + comm):.1f} % of step)"
+            share = 100 * comm / (compute + comm)
+            reason = f"communication-bound (allreduce {share:.1f} % of step)"
         else:
             reason = (f"compute-bound (allreduce {100 * comm / (compute + comm):.1f} % of "
                       f"step)")
@@ -229,7 +229,7 @@ def paste_lines(best: Choice, train: list[str], result: TuneResult) -> list[str]
         "[network]   # measured here by tune (" + ("TCP" if result.net else "shared memory")
         + "); replace with the site's fabric",
         f"latency_us = {link.cost.alpha_s * 1e6:.3g}",
-        f"bandwidth_gbit_s = {8 / link.cost.beta_s_per_byte / 1e9 if link.cost.beta_s_per_byte else 0:.3g}",
+        f"bandwidth_gbit_s = {link.cost.bandwidth_bytes_s * 8 / 1e9:.3g}",
         'topology = "fat-tree"',
     ]
 

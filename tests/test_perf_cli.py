@@ -66,8 +66,9 @@ def test_predict_writes_report_table_and_plot(tmp_path, capsys):
     path = tmp_path / "tune.json"
     path.write_text(synthetic_tune().to_json())
     out = tmp_path / "pred"
-    assert main(["predict", "--tune", str(path), "--nodes", "1,2,4,1024", "-N", "1", "-t", "4", "--latency-us",
-                 "1", "--bandwidth-gbit-s", "100", "--out", str(out)]) == 0
+    assert main(["predict", "--tune", str(path), "--nodes", "1,2,4,1024", "-N", "1", "-t",
+                 "4", "--latency-us", "1", "--bandwidth-gbit-s", "100", "--out",
+                 str(out)]) == 0
     text = capsys.readouterr().out
     assert "| 1024 | 1 | 4 |" in text and "ring" in text
     doc = json.loads((out / "prediction.json").read_text())
@@ -103,8 +104,9 @@ def test_predict_overlays_a_sweep_and_compares(tmp_path, capsys):
     results = tmp_path / "sweep"
     _point(results, 1, 50.0, 20.0)
     _point(results, 2, 80.0, 12.0)        # measured efficiency 80 %
-    assert main(["predict", "--tune", str(path), "--nodes", "1,2", "-N", "1", "-t", "4", "--tune-network",
-                 "--sweep", str(results), "--out", str(tmp_path / "p")]) == 0
+    assert main(["predict", "--tune", str(path), "--nodes", "1,2", "-N", "1", "-t", "4",
+                 "--tune-network", "--sweep", str(results), "--out",
+                 str(tmp_path / "p")]) == 0
     doc = json.loads((tmp_path / "p" / "prediction.json").read_text())
     two = doc["comparison"][1]
     assert two["measured_efficiency"] == pytest.approx(0.8)
@@ -126,7 +128,7 @@ def test_predict_user_errors(tmp_path, capsys, args, message):
     path.write_text(synthetic_tune().to_json())
     assert main(["predict", "--tune", str(path), *args]) == 2
     err = capsys.readouterr().err
-    assert f"error:" in err and message in err and "hint:" in err
+    assert "error:" in err and message in err and "hint:" in err
 
 
 def test_predict_and_tune_refuse_bad_inputs(tmp_path, capsys):
