@@ -99,8 +99,8 @@ def main() -> int:
     pred_dir = results_dir / f"predict_vs_slurm-{socket.gethostname()}"
     done = checked(subprocess.run(
         [sys.executable, "-m", "hpcai.launcher", "predict", "--tune", str(tune_json),
-         "--nodes", "1,2,4", "-N", "1", "-t", "1", "--latency-us",
-         repr(link.alpha_s * 1e6), "--bandwidth-gbit-s", repr(link.bandwidth_bytes_s * 8 / 1e9),
+         "--nodes", "1,2,4", "-N", "1", "-t", "1", "--latency-us", repr(link.alpha_s * 1e6),
+         "--bandwidth-gbit-s", repr(link.bandwidth_bytes_s * 8 / 1e9),
          "--topology", "shared-host", "--sweep", str(results), "--out", str(pred_dir)],
         capture_output=True, text=True), "predict")
     print(done.stdout, end="")
