@@ -199,9 +199,8 @@ def run(argv: list[str]) -> int:
         if ranks < 1 or threads < 1:
             raise UserError("--ranks-per-node and --threads-per-rank must be at least 1",
                             "e.g. --ranks-per-node 4 --threads-per-rank 12")
-    memory = tune.memory_bytes
-    if ns.site and SiteProfile.load(ns.site).memory_per_node_gb:
-        memory = SiteProfile.load(ns.site).memory_per_node_gb * 1e9
+    site_memory = SiteProfile.load(ns.site).memory_per_node_gb if ns.site else None
+    memory = site_memory * 1e9 if site_memory else tune.memory_bytes
     if tune.mem_bytes_per_rank() * ranks > memory:
         raise UserError(f"{ranks} ranks x {tune.mem_bytes_per_rank() / 2**30:.2f} GiB do not "
                         f"fit in {memory / 2**30:.1f} GiB per node",

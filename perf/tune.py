@@ -161,7 +161,7 @@ def probe(ranks: int, sizes: list[int], env: dict[str, str] | None, out: Path,
     return [AllreduceSample(doc["ranks"], int(n), float(med)) for n, med, _ in doc["samples"]]
 
 
-def _strip_generate(train: list[str]) -> tuple[list[str], int]:
+def strip_generate(train: list[str]) -> tuple[list[str], int]:
     """``train`` without ``--generate N`` / ``--generate=N``, and N (0 if absent)."""
     out, events, skip = [], 0, False
     for i, arg in enumerate(train):
@@ -244,7 +244,7 @@ def measure(train: list[str], cfg, budget: float, steps: int, max_ranks: int, ne
     if cores < 2:
         raise UserError("tune needs at least 2 cores to measure ranks sharing a node",
                         "run it on a compute node (inside an allocation)")
-    train, events = _strip_generate(train)
+    train, events = strip_generate(train)
     if events:
         data = work / "data"
         _run([sys.executable, "-m", "hpcai.training.showers", "generate", "--out", str(data),

@@ -160,15 +160,15 @@ def test_site_profile_network_is_read(tmp_path):
 
 
 def test_tune_measures_a_real_training_and_predicts_it(tmp_path):
-    """One real tune (resnet-tiny, tiny images, no TCP probe): every layout measured, the
-    first choice a measured one, its prediction close to what tune measured. Negative
-    control: a training that fails makes tune fail with error/hint, exit 2."""
+    """One real tune (resnet-tiny, tiny images, no TCP probe, --verify): the layouts the fit
+    needs measured, the top three run again and compared. Negative control: a training that
+    fails makes tune fail with error/hint, exit 2, and write nothing."""
     out = tmp_path / "tune.json"
     train = ["train", "resnet-tiny", "--image-size", "16", "--classes", "4", "--batch-size",
              "4", "--samples", "64"]
     env = {**os.environ, "HPCAI_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "hpcai.launcher", "tune", "--budget", "60",
-                           "--steps", "2", "--no-net", "--max-ranks", "2", "--json", str(out),
+                           "--steps", "2", "--no-net", "--max-ranks", "2", "--verify", "--json", str(out),
                            "--", *train], capture_output=True, text=True, timeout=300,
                           env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -177,6 +177,9 @@ def test_tune_measures_a_real_training_and_predicts_it(tmp_path):
     assert {(c["ranks"], c["threads"]) for c in doc["compute"]} >= {(1, 1), (2, 1)}
     assert "sbatch line: hpcai-launch sbatch" in done.stdout
     assert doc["provenance"]["loadavg"]
+    assert len(doc["verify"]) == min(3, len(doc["ranking"]))
+    assert all(v["measured"] > 0 and v["predicted"] > 0 for v in doc["verify"])
+    assert "verify: predicted vs measured" in done.stdout
     failed = subprocess.run([sys.executable, "-m", "hpcai.launcher", "tune", "--budget", "30",
                              "--no-net", "--json", str(tmp_path / "x.json"), "--", "train",
                              "3dgan", "--data", str(tmp_path / "nothing")],
@@ -184,3 +187,11 @@ def test_tune_measures_a_real_training_and_predicts_it(tmp_path):
     assert failed.returncode == 2, failed.stderr[-2000:]
     assert "error: training at 1 rank(s)" in failed.stderr and "hint:" in failed.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_tune_generates_showers_once_instead_of_per_layout():
+    from hpcai.perf.tune import strip_generate
+    assert strip_generate(["train", "3dgan", "--generate", "256", "--batch-size", "4"]) == (
+        ["train", "3dgan", "--batch-size", "4"], 256)
+    assert strip_generate(["train", "3dgan", "--generate=64"]) == (["train", "3dgan"], 64)
+    assert strip_generate(["train", "resnet50"]) == (["train", "resnet50"], 0)
