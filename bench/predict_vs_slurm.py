@@ -106,6 +106,12 @@ def main() -> int:
     print(done.stdout, end="")
     prediction = json.loads((pred_dir / "prediction.json").read_text())
     errors = [c["error"] for c in prediction["comparison"]]
+    tuned = next(c["samples_per_s"] for c in json.loads(tune_json.read_text())["compute"]
+                 if (c["ranks"], c["threads"]) == (1, 1))
+    drift = prediction["comparison"][0]["measured_samples_per_s"] / tuned
+    print(f"same layout (1 x 1), tune on the host vs the sweep's 1-node point: {tuned:.4g} vs "
+          f"{prediction['comparison'][0]['measured_samples_per_s']:.4g} samples/s "
+          f"(x{drift:.2f}: the machine's load between the two)")
     verdict = "PASS" if len(errors) == 3 and all(abs(e) <= 0.15 for e in errors) else "FAIL"
     print("predicted vs measured samples/s: " + ", ".join(
         f"{c['nodes']} node(s) {100 * c['error']:+.1f} %" for c in prediction["comparison"])
@@ -118,6 +124,8 @@ def main() -> int:
            "network_measured": {"alpha_s": link.alpha_s, "beta_s_per_byte": link.beta_s_per_byte,
                                 "probes": probes},
            "tune_json": tune_json.name, "comparison": prediction["comparison"],
+           "same_layout_tune_vs_sweep": {"tune": tuned, "sweep_1_node": tuned * drift,
+                                         "ratio": drift},
            "steps": prediction["steps"], "verdict": verdict}
     Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(work, ignore_errors=True)

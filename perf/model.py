@@ -169,11 +169,16 @@ def allreduce(nbytes: float, nodes: int, ranks_per_node: int, shm: LinkCost,
 
 def fit_link(samples: Sequence[AllreduceSample]) -> LinkCost:
     """Alpha and beta by least squares through :func:`flat_coefficients`: each measured
-    time is ``a * alpha + b * beta`` with the algorithm's (a, b). Negative results (noise)
-    are clamped to 0 and the other parameter refitted alone. ValueError with fewer than two
-    distinct multi-rank samples."""
-    rows = [(*flat_coefficients(s.nbytes, s.ranks)[:2], s.seconds) for s in samples
-            if s.ranks > 1]
+    time is ``a * alpha + b * beta`` with the algorithm's (a, b). Residuals are relative
+    (each row divided by its time), so the small sizes set alpha and the large ones beta
+    instead of the largest time deciding both. Negative results (noise) are clamped to 0 and
+    the other parameter refitted alone. ValueError with fewer than two distinct multi-rank
+    samples."""
+    rows = []
+    for s in samples:
+        if s.ranks > 1 and s.seconds > 0:
+            a, b, _ = flat_coefficients(s.nbytes, s.ranks)
+            rows.append((a / s.seconds, b / s.seconds, 1.0))
     if len({(a, b) for a, b, _ in rows}) < 2:
         raise ValueError("need allreduce times at two or more sizes, on two or more ranks")
     saa = sum(a * a for a, _, _ in rows)

@@ -9,8 +9,10 @@
 The compute model and the shared-memory link come from ``tune``'s measurements; the network
 from the site profile's ``[network]`` table, the command line, or (``--tune-network``) the
 TCP link tune measured on this host. ``shared-host``: the nodes are fake nodes of this one
-host (tests/localcluster.py), so their ranks share its cores and every rank, even within a
-node, talks through the network transport (that cluster sets ``OMPI_MCA_btl=self,tcp``).
+host (tests/localcluster.py); each places its ranks on the host's real topology, so rank k
+of every node is bound to the same cores (n nodes: n times the compute per core), and every
+rank, even within a node, talks through the network transport (that cluster sets
+``OMPI_MCA_btl=self,tcp``).
 
 Writes ``prediction.{md,csv,json,png}`` into ``--out`` (default ``.``): the table and plot
 of ``hpcai-launch report`` (weak scaling: per-rank batch fixed, epoch fixed), plus per node
@@ -95,8 +97,8 @@ def network(ns, tune: TuneResult) -> tuple[LinkCost, str, str]:
     else:
         if ns.latency_us is None or ns.bandwidth_gbit_s is None:
             raise UserError("--latency-us and --bandwidth-gbit-s go together", hint)
-        if not (ns.latency_us > 0 and ns.bandwidth_gbit_s > 0):
-            raise UserError("--latency-us and --bandwidth-gbit-s must be positive",
+        if not (ns.latency_us >= 0 and ns.bandwidth_gbit_s > 0):
+            raise UserError("--latency-us must be 0 or more and --bandwidth-gbit-s positive",
                             "e.g. --latency-us 1.0 --bandwidth-gbit-s 100")
         spec = NetworkSpec(ns.latency_us, ns.bandwidth_gbit_s, ns.topology or "fat-tree")
         source = "command line"
@@ -110,9 +112,9 @@ def predict(tune: TuneResult, nodes: list[int], ranks: int, threads: int, net: L
     shared = topology == "shared-host"
     steps = []
     for n in nodes:
-        # shared-host: the ranks of all nodes share the one host's cores
-        per_sample = (fit.s_per_sample(threads, ranks) * oversubscription(
-            n * ranks * threads, tune.cores) if shared else fit.s_per_sample(threads, ranks))
+        per_sample = fit.s_per_sample(threads, ranks)
+        if shared:   # every fake node binds its ranks to the same cores of the one host
+            per_sample *= n * oversubscription(ranks * threads, tune.cores)
         steps.append(predict_step(per_sample, tune.batch_per_rank, tune.buckets, n, ranks,
                                   threads, net if shared else tune.shm.cost, net))
     return steps
