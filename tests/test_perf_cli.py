@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcai.core.errors import UserError
 from hpcai.launcher.cli import main
 from hpcai.perf.model import AllreduceSample, LinkCost, allreduce
 from hpcai.perf.result import Layout, Link, TuneResult
@@ -147,6 +148,9 @@ def test_predict_and_tune_refuse_bad_inputs(tmp_path, capsys):
     assert main(["tune"]) == 2
     assert "after --" in capsys.readouterr().err
     assert main(["tune", "--budget", "0", "--", "train", "resnet-tiny"]) == 2
+    assert main(["tune", "--json", str(tmp_path / "no" / "t.json"), "--", "train",
+                 "resnet-tiny"]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_site_profile_network_is_read(tmp_path):
@@ -157,6 +161,14 @@ def test_site_profile_network_is_read(tmp_path):
     profile = SiteProfile.load(site)
     assert profile.network == NetworkSpec(1.0, 100.0, "fat-tree")
     assert profile.memory_per_node_gb == 96.0
+    for text, message in (('[network]\nlatency_us = 1\nbandwidth_gbit_s = 1\ntopology = "ring"',
+                           "network.topology must be one of"),
+                          ('[network]\nlatency_us = 1', "needs latency_us and bandwidth_gbit_s"),
+                          ('memory_per_node_gb = "lots"', "must be a number")):
+        site.write_text(text + "\n")
+        with pytest.raises(UserError, match=message) as caught:
+            SiteProfile.load(site)
+        assert caught.value.hint.startswith("for example")
 
 
 def test_tune_measures_a_real_training_and_predicts_it(tmp_path):
@@ -168,8 +180,8 @@ def test_tune_measures_a_real_training_and_predicts_it(tmp_path):
              "4", "--samples", "64"]
     env = {**os.environ, "HPCAI_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "hpcai.launcher", "tune", "--budget", "60",
-                           "--steps", "2", "--no-net", "--max-ranks", "2", "--verify", "--json", str(out),
-                           "--", *train], capture_output=True, text=True, timeout=300,
+                           "--steps", "2", "--no-net", "--max-ranks", "2", "--verify",
+                           "--json", str(out), "--", *train], capture_output=True, text=True, timeout=300,
                           env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     doc = json.loads(out.read_text())
