@@ -181,8 +181,8 @@ def test_tune_measures_a_real_training_and_predicts_it(tmp_path):
     env = {**os.environ, "HPCAI_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "hpcai.launcher", "tune", "--budget", "60",
                            "--steps", "2", "--no-net", "--max-ranks", "2", "--verify",
-                           "--json", str(out), "--", *train], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)
+                           "--json", str(out), "--", *train], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["links"]["net"] is None and doc["buckets"] and doc["flops_per_sample"] > 0
