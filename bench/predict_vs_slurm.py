@@ -3,7 +3,8 @@
     python bench/predict_vs_slurm.py [--steps 3] [--budget 120] [--out FILE]
 
 1. ``hpcai-launch tune`` on this host (3DGAN, batch 4 per rank; compute, buckets, memory,
-   shared-memory and TCP allreduce): its JSON is kept as bench/results/tune-<host>.json.
+   shared-memory and TCP allreduce): its JSON is kept beside ``--out`` as ``tune-<host>.json``
+   (``tune-<rest>.json`` for an ``--out`` named ``predict_vs_slurm-<rest>.json``).
 2. A private Slurm (tests/localcluster.py) with 4 fake nodes of this one host; the network
    between fake nodes is measured there: ``hpcai.perf.probe`` under ``srun -N 2`` (one rank
    per node, TCP as the cluster sets ``OMPI_MCA_btl=self,tcp``), alpha-beta fitted to it.
@@ -15,7 +16,8 @@
    measured one.
 
 Writes JSON with provenance (load average included) to ``--out`` (default
-bench/results/predict_vs_slurm-<host>.json) and the prediction's files next to it.
+bench/results/predict_vs_slurm-<host>.json) and the prediction's files into the directory
+of the same name.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     data = gan_data(work, 64)
     train = ["train", "3dgan", "--data", str(data), "--batch-size", str(BATCH)]
-    tune_json = results_dir / f"tune-{socket.gethostname()}.json"
+    stem = Path(ns.out).stem                 # predict_vs_slurm-<host>[-run]: names its files
+    tune_json = results_dir / f"tune-{stem.removeprefix('predict_vs_slurm-')}.json"
     done = checked(subprocess.run(
         [sys.executable, "-m", "hpcai.launcher", "tune", "--budget", str(ns.budget),
          "--steps", str(ns.steps), "--json", str(tune_json), "--", *train],
@@ -96,7 +99,7 @@ def main() -> int:
                      "00:15:00", "--results", str(results), "--wait-timeout", "1500", "--",
                      *train, "--epochs", "2", "--max-steps", str(ns.steps), "--eval-samples",
                      "0", "--peak-gflops", "1"], 1600), "sweep")
-    pred_dir = results_dir / f"predict_vs_slurm-{socket.gethostname()}"
+    pred_dir = results_dir / stem
     done = checked(subprocess.run(
         [sys.executable, "-m", "hpcai.launcher", "predict", "--tune", str(tune_json),
          "--nodes", "1,2,4", "-N", "1", "-t", "1", "--latency-us", repr(link.alpha_s * 1e6),
