@@ -127,7 +127,8 @@ def test_predict_overlays_a_sweep_and_compares(tmp_path, capsys):
 def test_predict_user_errors(tmp_path, capsys, args, message):
     path = tmp_path / "tune.json"
     path.write_text(synthetic_tune().to_json())
-    assert main(["predict", "--tune", str(path), *args]) == 2
+    assert main(["predict", "--tune", str(path), "--out", str(tmp_path / "p"), *args]) == 2
+    assert not (tmp_path / "p").exists()
     err = capsys.readouterr().err
     assert "error:" in err and message in err and "hint:" in err
 
