@@ -9,8 +9,10 @@
    between fake nodes is measured there: ``hpcai.perf.probe`` under ``srun -N 2`` (one rank
    per node, TCP as the cluster sets ``OMPI_MCA_btl=self,tcp``), alpha-beta fitted to it.
    The same probe on 4 nodes is recorded too (not used: 4 ranks on 2 cores).
-3. ``hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1 --threads-per-rank 1`` on the
-   fake nodes (2 epochs of ``--steps`` steps per point).
+3. ``hpcai-launch sweep --nodes N --ranks-per-node 1 --threads-per-rank 1`` on the fake
+   nodes for N = 1, 2, 4, one sweep after the other (one sweep of 1,2,4 would run its 1- and
+   2-node points at the same time, on the same pinned core), 2 epochs of ``--steps`` steps
+   per point; the points are gathered into one results directory.
 4. ``hpcai-launch predict --topology shared-host`` with the measured network and the sweep
    overlaid; PASS when every node count's predicted samples/s is within 15 % of the
    measured one.
@@ -93,12 +95,21 @@ def main() -> int:
                          for n, s, _ in probes[2]["samples"]])
         print(f"network between fake nodes (srun -N 2, TCP): alpha {link.alpha_s * 1e6:.3g} "
               f"us, bandwidth {link.bandwidth_bytes_s * 8 / 1e9:.3g} Gbit/s", flush=True)
+        # One sweep per node count, one after another: a single sweep submits every point
+        # at once and Slurm runs the 1- and 2-node points side by side on the fake nodes,
+        # whose ranks are all pinned to the same core of this host.
         results = work / "sweep"
-        checked(run(["hpcai-launch", "sweep", "--nodes", "1,2,4", "--ranks-per-node", "1",
-                     "--threads-per-rank", "1", "--cores-per-node", "2", "--time",
-                     "00:15:00", "--results", str(results), "--wait-timeout", "1500", "--",
-                     *train, "--epochs", "2", "--max-steps", str(ns.steps), "--eval-samples",
-                     "0", "--peak-gflops", "1"], 1600), "sweep")
+        results.mkdir()
+        for nodes in (1, 2, 4):
+            part = work / f"sweep-N{nodes}"
+            checked(run(["hpcai-launch", "sweep", "--nodes", str(nodes), "--ranks-per-node",
+                         "1", "--threads-per-rank", "1", "--cores-per-node", "2", "--time",
+                         "00:15:00", "--results", str(part), "--wait-timeout", "1500", "--",
+                         *train, "--epochs", "2", "--max-steps", str(ns.steps),
+                         "--eval-samples", "0", "--peak-gflops", "1"], 1600),
+                    f"sweep on {nodes} node(s)")
+            for point in part.glob("N*-R*-T*-rep*"):
+                point.rename(results / point.name)
     pred_dir = results_dir / stem
     done = checked(subprocess.run(
         [sys.executable, "-m", "hpcai.launcher", "predict", "--tune", str(tune_json),
