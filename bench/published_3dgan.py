@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def main() -> int:
            "rows": rows, "table": "\n".join(lines)}
     Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {ns.out}")
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

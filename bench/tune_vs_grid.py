@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -94,6 +95,7 @@ def main() -> int:
            "best": list(best), "ratio": ratio, "verdict": verdict}
     Path(ns.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {ns.out}")
+    shutil.rmtree(work, ignore_errors=True)
     return 0 if verdict == "PASS" else 1
 
 
