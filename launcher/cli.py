@@ -9,6 +9,8 @@ Usage:
   hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
   hpcai-launch mpis                                  (every MPI install on this host)
   hpcai-launch abi --container IMG [--json]          (which host MPI runs the image's MPI code)
+  hpcai-launch tune -- train 3dgan ...               (ranks x threads for this node)
+  hpcai-launch predict --tune tune.json --nodes 1,2,4 (time, samples/s, efficiency)
 
 Three ways to use it, one result:
   hpcai-launch --ranks-per-node 2 -- CMD           starts mpirun/mpiexec itself
@@ -77,9 +79,20 @@ def _abi(argv: list[str]) -> int:
     return abi_main(argv)
 
 
+def _tune(argv: list[str]) -> int:
+    from ..perf.tune import run as tune
+    return tune(argv)
+
+
+def _predict(argv: list[str]) -> int:
+    from ..perf.predict import run as predict
+    return predict(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
-    "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi}
+    "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi,
+    "tune": _tune, "predict": _predict}
 
 
 def make_parser() -> Parser:

@@ -10,6 +10,7 @@ pmi = "pmi2"                         # srun --mpi= plugin the site's MPI needs
 expected_libmpi = "/lrz/sys/intel/"  # validation fails unless the ranks' libmpi is under this
 cores_per_node = 48                  # integer: cores (not hardware threads) per node
 threads_per_core = 2                 # integer: hardware threads per core (srun counts them)
+memory_per_node_gb = 96              # number: usable memory per node (hpcai-launch predict)
 binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw]", absolute;
                                               # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
@@ -19,6 +20,11 @@ mpi_prefixes = ["/opt/mpich-5.0.2"]          # MPI installs beyond ldconfig and 
 [env]                                # set inside the container for every rank (strings)
 FI_PROVIDER = "psm2"
 I_MPI_FABRICS = "shm:ofi"
+
+[network]                            # the fabric, for hpcai-launch predict
+latency_us = 1.0                     # MPI point-to-point latency (alpha)
+bandwidth_gbit_s = 100               # per-node link bandwidth (1/beta)
+topology = "fat-tree"                # fat-tree (full bisection) or shared-host
 ```
 
 An unknown key or a value of the wrong type is a ``UserError`` naming the key and the file,
@@ -28,7 +34,7 @@ with a valid example as the hint. ``tests/data/site-lrz.toml`` is a complete exa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import UserError
@@ -56,7 +62,20 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "expected_libmpi": ("str", 'expected_libmpi = "/lrz/sys/intel/"'),
     "cores_per_node": ("int", "cores_per_node = 48"),
     "threads_per_core": ("int", "threads_per_core = 2"),
+    "memory_per_node_gb": ("number", "memory_per_node_gb = 96"),
+    "network": ("network", '[network]\nlatency_us = 1.0\nbandwidth_gbit_s = 100\n'
+                           'topology = "fat-tree"'),
 }
+TOPOLOGIES = ("fat-tree", "shared-host")
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """A site's fabric as ``hpcai-launch predict`` models it."""
+
+    latency_us: float
+    bandwidth_gbit_s: float
+    topology: str = "fat-tree"
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,8 @@ class SiteProfile:
     expected_libmpi: str | None = None
     cores_per_node: int | None = None
     threads_per_core: int = 1
+    memory_per_node_gb: float | None = None
+    network: NetworkSpec | None = None
     path: str | None = None            # the file it was loaded from
 
     @classmethod
@@ -123,7 +144,9 @@ class SiteProfile:
                 "search_dirs": list(self.search_dirs),
                 "mpi_prefixes": list(self.mpi_prefixes), "mpi_launcher": self.mpi_launcher,
                 "pmi": self.pmi, "expected_libmpi": self.expected_libmpi,
-                "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core}
+                "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core,
+                "memory_per_node_gb": self.memory_per_node_gb,
+                "network": None if self.network is None else asdict(self.network)}
 
 
 def _type_name(value: object) -> str:
@@ -157,6 +180,15 @@ def _check(key: str, value: object, path: str):
             raise UserError(f"site profile {path}: {key!r} must be positive, got {value}",
                             f"for example: {example}")
         return value
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong("a number")
+        if not value > 0:
+            raise UserError(f"site profile {path}: {key!r} must be positive, got {value}",
+                            f"for example: {example}")
+        return float(value)
+    if kind == "network":
+        return _check_network(value, path, example)
     if kind == "list[path]":
         if not isinstance(value, list):
             raise wrong("an array of strings")
@@ -188,3 +220,27 @@ def _check_bind(item: str, path: str, example: str) -> None:
     if len(parts) > 2 or not all(p.startswith("/") for p in parts):
         raise UserError(f"site profile {path}: bind {item!r} is not SRC[:DST] with absolute "
                         "paths, optionally :ro or :rw", f"for example: {example}")
+
+
+def _check_network(value: object, path: str, example: str) -> NetworkSpec:
+    if not isinstance(value, dict):
+        raise UserError(f"site profile {path}: 'network' must be a table, got "
+                        f"{_type_name(value)} {value!r}", f"for example:\n{example}")
+    unknown = set(value) - {"latency_us", "bandwidth_gbit_s", "topology"}
+    if unknown or "latency_us" not in value or "bandwidth_gbit_s" not in value:
+        what = (f"unknown key {sorted(unknown)[0]!r}" if unknown
+                else "needs latency_us and bandwidth_gbit_s")
+        raise UserError(f"site profile {path}: [network] {what}", f"for example:\n{example}")
+    numbers = {}
+    for key in ("latency_us", "bandwidth_gbit_s"):
+        item = value[key]
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not item > 0:
+            raise UserError(f"site profile {path}: network.{key} must be a positive number, "
+                            f"got {item!r}", f"for example:\n{example}")
+        numbers[key] = float(item)
+    topology = value.get("topology", "fat-tree")
+    if topology not in TOPOLOGIES:
+        raise UserError(f"site profile {path}: network.topology must be one of "
+                        f"{', '.join(TOPOLOGIES)}, got {topology!r}",
+                        f"for example:\n{example}")
+    return NetworkSpec(numbers["latency_us"], numbers["bandwidth_gbit_s"], topology)

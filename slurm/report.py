@@ -366,8 +366,9 @@ def write_json(rows: list[Row], problems: list[str], path: str | Path) -> None:
     Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
-def plot(rows: list[Row], path: str | Path) -> None:
-    """Log-log time per epoch vs nodes: per configuration markers + line, dashed linear."""
+def plot(rows: list[Row], path: str | Path, measured: list[Row] | None = None) -> None:
+    """Log-log time per epoch vs nodes: per configuration markers + line, dashed linear;
+    ``measured`` rows (a prediction's sweep) as open squares in their configuration's colour."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -389,6 +390,11 @@ def plot(rows: list[Row], path: str | Path) -> None:
         for r in config_rows[1:]:
             ax.annotate(f"{100 * r.efficiency:.0f}%", (r.nodes, r.time_s),
                         textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+        seen = [r for r in measured or [] if r.config == (scaling, rpn, threads)]
+        if seen:
+            ax.plot([r.nodes for r in seen], [r.time_s for r in seen], marker="s",
+                    linestyle="none", markerfacecolor="none", color=colour,
+                    label=f"{label}, measured")
     ax.set_xscale("log")
     ax.set_yscale("log")
     all_nodes = sorted({r.nodes for r in rows})
@@ -397,7 +403,8 @@ def plot(rows: list[Row], path: str | Path) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
     plain = FuncFormatter(lambda value, _pos: f"{value:g}")
     ax.yaxis.set_major_formatter(plain)
-    times = [t for r in rows for t in (r.time_s, r.linear_s)]
+    times = [t for r in rows for t in (r.time_s, r.linear_s)] + [
+        r.time_s for r in measured or []]
     # Under about a decade the minor ticks are the only ones: label them plainly too.
     ax.yaxis.set_minor_formatter(plain if times and max(times) < 20 * min(times)
                                  else NullFormatter())

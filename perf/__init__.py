@@ -1,0 +1,1 @@
+"""Performance model, tune measurements and predictions (``tune``, ``predict``)."""
