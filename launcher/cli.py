@@ -29,14 +29,16 @@ import argparse
 import os
 import shutil
 import sys
-from typing import Callable
+import time
+from typing import TYPE_CHECKING, Callable
 
 from ..core.cli import Parser, run_main, say_error, split_command
-from ..core.errors import UserError
-from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES, Options, env_defaults
-from .facts import gather_facts
-from .plan import build_plan
+from ..core.errors import USAGE_EXIT, UserError
+from . import jobplan
 from .rankenv import from_environ
+
+if TYPE_CHECKING:
+    from .options import Options
 
 
 def _validate(argv: list[str]) -> int:
@@ -72,6 +74,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 def make_parser() -> Parser:
     """hpcai-launch's options. Those with an ``HPCAI_*`` default parse to None when not
     given; :func:`parse` fills them in (and so knows which ones the user gave)."""
+    from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
@@ -119,6 +122,7 @@ def make_parser() -> Parser:
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     """The command line and the ``HPCAI_*`` defaults, checked for values and combinations
     that would be ignored or cannot work."""
+    from .options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
     head, command = split_command(argv)
     ns = make_parser().parse_args(head)
     if command is None:
@@ -200,12 +204,34 @@ def check_training_command(options: Options) -> None:
 
 class _Launch:
     """Plan, then print it (``--dry-run``) or carry it out. In rank mode only local rank 0
-    reports a user error (every rank hits the same one)."""
+    reports a user error (every rank hits the same one). Ranks plan once per job
+    (:mod:`.jobplan`): the planning rank writes the job's plan, the others start from it."""
 
     def __init__(self) -> None:
         self.loud = True
+        self.started = time.time()
 
     def __call__(self, argv: list[str]) -> int:
+        env = dict(os.environ)
+        info = from_environ(env, os.getppid())
+        job = jobplan.role(argv, env, info)
+        if job is not None and not job.planner:
+            self.loud = job.info.local_rank == 0
+            try:
+                jobplan.start(job, env, self.started)   # returns: plan on this rank
+            except jobplan.PlannerFailed:
+                return USAGE_EXIT          # the planning rank has said why
+        try:
+            return self._plan(argv, job)
+        except UserError as exc:
+            if job is not None and job.planner:
+                jobplan.write_error(job.path, job.info.job_key, exc)
+            raise
+
+    def _plan(self, argv: list[str], job: jobplan.JobRole | None) -> int:
+        from .facts import gather_facts
+        from .plan import build_plan, key_files, rank_template
+
         options, ns = parse(argv)
         if from_environ(dict(os.environ)) is None:   # the outer hpcai-launch, not a rank
             check_training_command(options)
@@ -215,6 +241,9 @@ class _Launch:
         if ns.dry_run:
             print(plan.to_json() if ns.json else plan.render())
             return 0
+        if job is not None and job.planner and plan.mode == "rank":
+            jobplan.write(job.path, jobplan.make_key(job, facts.env, facts.cwd, key_files(facts)),
+                          rank_template(options, facts))
         from .execute import exec_plan
         exec_plan(plan, report_bindings=options.report_bindings)
         return 0  # not reached: exec_plan replaces the process
