@@ -216,7 +216,7 @@ class _Launch:
         info = from_environ(env, os.getppid())
         job = jobplan.role(argv, env, info)
         if job is not None and not job.planner:
-            self.loud = job.info.local_rank == 0
+            self.loud = job.loud
             try:
                 jobplan.start(job, env, self.started)   # returns: plan on this rank
             except jobplan.PlannerFailed:

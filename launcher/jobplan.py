@@ -79,6 +79,7 @@ class JobRole:
     path: str
     planner: bool
     argv: tuple[str, ...]
+    loud: bool          # says this node's errors: its first rank that does not plan
 
 
 def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole | None:
@@ -91,7 +92,9 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
     path = os.path.join(job_dir(env), f"plan-{safe}.json")
     planner = info.local_rank == 0 if node_scoped else info.rank == 0
-    return JobRole(info, path, planner, tuple(argv))
+    plans_here = node_scoped or info.node_rank == 0
+    return JobRole(info, path, planner, tuple(argv),
+                   loud=info.local_rank == (1 if plans_here else 0))
 
 
 def job_dir(env: dict[str, str]) -> str:

@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HPCAI_VENV:-$ROOT/.venv}
 IMPI_VERSION=2021.19.0
-APT_PACKAGES=(openmpi-bin libopenmpi-dev mpich slurm-wlm munge libpmi2-0 hwloc numactl charliecloud-runtime debootstrap squashfs-tools cmake g++)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev mpich slurm-wlm munge libpmi2-0 hwloc numactl charliecloud-runtime debootstrap squashfs-tools cmake g++ strace)
 
 say() { echo "[install] $*"; }
 
