@@ -25,19 +25,18 @@ Defaults for several options come from HPCAI_* environment variables.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
-from ..core.cli import Parser, run_main, say_error, split_command
-from ..core.errors import USAGE_EXIT, UserError
+from ..core.errors import UserError
 from . import jobplan
 from .rankenv import from_environ
 
 if TYPE_CHECKING:
+    import argparse
+
     from .options import Options
 
 
@@ -74,6 +73,9 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 def make_parser() -> Parser:
     """hpcai-launch's options. Those with an ``HPCAI_*`` default parse to None when not
     given; :func:`parse` fills them in (and so knows which ones the user gave)."""
+    import argparse
+
+    from ..core.cli import Parser
     from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
@@ -122,6 +124,7 @@ def make_parser() -> Parser:
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     """The command line and the ``HPCAI_*`` defaults, checked for values and combinations
     that would be ignored or cannot work."""
+    from ..core.cli import split_command
     from .options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
     head, command = split_command(argv)
     ns = make_parser().parse_args(head)
@@ -184,10 +187,22 @@ def _check_container_options(ns: argparse.Namespace, given: set[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A subcommand, a rank that starts from its job's plan (:mod:`.jobplan`: before any
+    import that planning needs), or planning."""
+    started = time.time()
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in SUBCOMMANDS:
+        from ..core.cli import run_main
         return run_main(SUBCOMMANDS[args[0]], args[1:])
-    launch = _Launch()
+    env = dict(os.environ)
+    job = jobplan.role(args, env, from_environ(env, os.getppid()))
+    if job is not None and not job.planner:
+        code = jobplan.run_rank(job, env, started)   # execs, unless an error
+        if code is not None:
+            return code
+        job = None                                   # this rank plans by itself
+    from ..core.cli import run_main
+    launch = _Launch(job)
     return run_main(launch, args, report=launch.report)
 
 
@@ -195,6 +210,8 @@ def check_training_command(options: Options) -> None:
     """A ``train`` command's arguments, parsed once here before any rank starts: a usage
     error is said once, not by every rank and then by mpirun's abort banner. A bare
     ``train`` is checked only if it is hpcai's (someone else's ``train`` is theirs)."""
+    import shutil
+
     from ..training.config import check_command
 
     bare = options.container is None or options.runtime == "none"
@@ -204,31 +221,22 @@ def check_training_command(options: Options) -> None:
 
 class _Launch:
     """Plan, then print it (``--dry-run``) or carry it out. In rank mode only local rank 0
-    reports a user error (every rank hits the same one). Ranks plan once per job
-    (:mod:`.jobplan`): the planning rank writes the job's plan, the others start from it."""
+    reports a user error (every rank hits the same one). The job's planning rank
+    (``job``) writes the job's plan for the others, or its error."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: jobplan.JobRole | None) -> None:
         self.loud = True
-        self.started = time.time()
+        self.job = job
 
     def __call__(self, argv: list[str]) -> int:
-        env = dict(os.environ)
-        info = from_environ(env, os.getppid())
-        job = jobplan.role(argv, env, info)
-        if job is not None and not job.planner:
-            self.loud = job.loud
-            try:
-                jobplan.start(job, env, self.started)   # returns: plan on this rank
-            except jobplan.PlannerFailed:
-                return USAGE_EXIT          # the planning rank has said why
         try:
-            return self._plan(argv, job)
+            return self._plan(argv)
         except UserError as exc:
-            if job is not None and job.planner:
-                jobplan.write_error(job.path, job.info.job_key, exc)
+            if self.job is not None:
+                jobplan.write_error(self.job.path, self.job.info.job_key, exc)
             raise
 
-    def _plan(self, argv: list[str], job: jobplan.JobRole | None) -> int:
+    def _plan(self, argv: list[str]) -> int:
         from .facts import gather_facts
         from .plan import build_plan, key_files, rank_template
 
@@ -241,13 +249,14 @@ class _Launch:
         if ns.dry_run:
             print(plan.to_json() if ns.json else plan.render())
             return 0
-        if job is not None and job.planner and plan.mode == "rank":
-            jobplan.write(job.path, jobplan.make_key(job, facts.env, facts.cwd, key_files(facts)),
-                          rank_template(options, facts))
+        if self.job is not None and plan.mode == "rank":
+            key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
+            jobplan.write(self.job.path, key, rank_template(options, facts))
         from .execute import exec_plan
         exec_plan(plan, report_bindings=options.report_bindings)
         return 0  # not reached: exec_plan replaces the process
 
     def report(self, exc: UserError) -> None:
         if self.loud:
+            from ..core.cli import say_error
             say_error(exc)

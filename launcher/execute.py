@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
-from .topology import format_cpulist
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
@@ -50,10 +48,11 @@ def apply_binding(cpus: tuple[int, ...] | None) -> tuple[set[int], set[int], str
 def binding_report(info: RankInfo, bind_cpus: tuple[int, ...] | None, threads: str | None,
                    after: set[int], how: str) -> tuple[str, bool]:
     """One line per rank: real CPU set vs plan. Returns (line, matches plan)."""
+    from .topology import format_cpulist
     planned = set(bind_cpus) if bind_cpus is not None else after
     ok = after == planned
     line = (f"hpcai: rank {info.rank}/{info.size} local {info.local_rank}/{info.local_size} "
-            f"node {info.node_rank} host {socket.gethostname()}: cpus {format_cpulist(after)} "
+            f"node {info.node_rank} host {os.uname().nodename}: cpus {format_cpulist(after)} "
             f"planned {format_cpulist(planned)} threads {threads} "
             f"bound-by {how} {'OK' if ok else 'MISMATCH'}")
     return line, ok
@@ -78,8 +77,8 @@ def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str
         for warning in warnings:
             os.write(sys.stderr.fileno(), f"warning: {warning}\n".encode())
     _, after, how = apply_binding(bind_cpus)
-    line, ok = binding_report(info, bind_cpus, env.get("OMP_NUM_THREADS"), after, how)
-    if report_bindings or not ok:
+    if report_bindings or (bind_cpus is not None and after != set(bind_cpus)):
+        line, ok = binding_report(info, bind_cpus, env.get("OMP_NUM_THREADS"), after, how)
         text = line if ok else f"warning: {line}: real affinity differs from the plan"
         os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
     _exec(argv, env)

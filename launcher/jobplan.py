@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 
-from ..core.errors import UserError
+from ..core.errors import USAGE_EXIT, UserError
 from .rankenv import RankInfo, torch_env
 
 FORMAT = 1
@@ -88,7 +87,7 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     if info is None or any(a in ("--dry-run", "-h", "--help") for a in head):
         return None
     node_scoped = info.job_key.startswith("hydra-ppid:")     # a node-local identity
-    name = info.job_key + (f"@{socket.gethostname()}" if node_scoped else "")
+    name = info.job_key + (f"@{os.uname().nodename}" if node_scoped else "")
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
     path = os.path.join(job_dir(env), f"plan-{safe}.json")
     planner = info.local_rank == 0 if node_scoped else info.rank == 0
@@ -150,7 +149,7 @@ def write_error(path: str, job: str, exc: UserError) -> None:
 
 def _write(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.uname().nodename}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
@@ -256,9 +255,23 @@ def for_rank(template: RankTemplate, info: RankInfo,
     return tuple(a.replace(NODE_MARK, node) for a in template.argv), out, entry.bind_cpus
 
 
+def run_rank(job: JobRole, env: dict[str, str], started: float) -> int | None:
+    """A non-planning rank: :func:`start`; a UserError is said (by ``job.loud`` ranks) and
+    is exit 2, as ``hpcai-launch`` says every error. None: this rank must plan by itself."""
+    try:
+        start(job, env, started)
+        return None
+    except PlannerFailed:
+        return USAGE_EXIT          # the planning rank has said why
+    except UserError as exc:
+        if job.loud:
+            os.write(2, (exc.render() + "\n").encode())
+        return USAGE_EXIT
+
+
 def start(job: JobRole, env: dict[str, str], started: float) -> None:
-    """A non-planning rank: wait for the plan, check it, bind and exec. Returns when this
-    rank must plan by itself. Raises PlannerFailed or UserError."""
+    """Wait for the plan, check it, bind and exec. Returns when this rank must plan by
+    itself. Raises PlannerFailed or UserError."""
     timeout = _timeout(env)
     data = wait(job.path, started, timeout)
     key = make_key(job, env, os.getcwd(), ())
