@@ -171,12 +171,11 @@ def wait(path: str, started: float, timeout: float) -> dict:
     """The plan at ``path`` once a fresh one is there (written at most :data:`STALE_S`
     before ``started``). UserError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    delay = 0.005
+    delay = 0.05
     stale: float | None = None
     while True:
         try:
-            with open(path) as f:
-                data = json.load(f)
+            data = json.loads(_read(path))
         except FileNotFoundError:
             data = None
         except (OSError, ValueError) as exc:
@@ -190,7 +189,19 @@ def wait(path: str, started: float, timeout: float) -> dict:
         if time.monotonic() >= deadline:
             raise _timeout_error(path, timeout, stale)
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+        delay = min(delay * 2, 0.5)     # few polls of the shared directory, <= 0.5 s late
+
+
+def _read(path: str) -> bytes:
+    """The whole file in as few calls as there are (open, read until empty, close)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _timeout_error(path: str, timeout: float, stale: float | None) -> UserError:

@@ -10,6 +10,8 @@ pmi = "pmi2"                         # srun --mpi= plugin the site's MPI needs
 expected_libmpi = "/lrz/sys/intel/"  # validation fails unless the ranks' libmpi is under this
 cores_per_node = 48                  # integer: cores (not hardware threads) per node
 threads_per_core = 2                 # integer: hardware threads per core (srun counts them)
+metadata_ops_per_s = 20000           # integer: the shared file system's metadata rate, for
+                                     # bench/startup.py's start-up model (default 20000)
 binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw]", absolute;
                                               # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
@@ -41,6 +43,9 @@ except ModuleNotFoundError:      # Python 3.10
         tomllib = None           # type: ignore[assignment]
 
 MPI_LAUNCHERS = ("srun", "mpiexec")
+# Metadata operations per second of a site's shared file system, when its profile does not say:
+# a conservative figure for one busy Lustre/GPFS metadata server (bench/startup.py's model).
+DEFAULT_METADATA_OPS_PER_S = 20000
 
 # key -> (kind, example line shown in hints)
 _SCHEMA: dict[str, tuple[str, str]] = {
@@ -54,6 +59,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "expected_libmpi": ("str", 'expected_libmpi = "/lrz/sys/intel/"'),
     "cores_per_node": ("int", "cores_per_node = 48"),
     "threads_per_core": ("int", "threads_per_core = 2"),
+    "metadata_ops_per_s": ("int", "metadata_ops_per_s = 20000"),
 }
 
 
@@ -71,6 +77,7 @@ class SiteProfile:
     expected_libmpi: str | None = None
     cores_per_node: int | None = None
     threads_per_core: int = 1
+    metadata_ops_per_s: int = DEFAULT_METADATA_OPS_PER_S
     path: str | None = None            # the file it was loaded from
 
     @classmethod
@@ -119,7 +126,8 @@ class SiteProfile:
                 "env": dict(self.env), "libraries": list(self.libraries),
                 "search_dirs": list(self.search_dirs), "mpi_launcher": self.mpi_launcher,
                 "pmi": self.pmi, "expected_libmpi": self.expected_libmpi,
-                "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core}
+                "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core,
+                "metadata_ops_per_s": self.metadata_ops_per_s}
 
 
 def _type_name(value: object) -> str:
