@@ -19,6 +19,7 @@ old = rank wall + N x ops/rank / rate; new = planner wall + planner ops / rate +
 (N - 1) x ops/rank / rate. Arithmetic from measured per-rank figures, not a run at scale.
 
     python bench/startup.py [--trials 3] [--old COMMIT] [--site FILE]
+    python bench/startup.py --render bench/results/startup-<hostname>.json   # tables only
 
 writes ``bench/results/startup-<hostname>.json`` and prints the tables.
 """
@@ -62,7 +63,9 @@ HOST_MPI = tuple(LIB + d for d in (
 
 
 def _sh(*argv: str) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return lines[0] if lines else ""
 
 
 def _tree(ref: str, root: Path) -> Path:
@@ -240,7 +243,11 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--old", default=OLD_COMMIT)
     p.add_argument("--site", help="site profile: its metadata_ops_per_s")
+    p.add_argument("--render", metavar="JSON", help="print the tables of a result file only")
     args = p.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return 0
     site = SiteProfile.load(args.site) if args.site else None
     rate = site.metadata_ops_per_s if site else DEFAULT_METADATA_OPS_PER_S
     root = Path(tempfile.mkdtemp(prefix="hpcai-startup-"))
@@ -272,11 +279,12 @@ def main() -> int:
                     timespec="seconds"),
                 "host": socket.gethostname(), "machine": platform.processor() or platform.machine(),
                 "cpus": os.cpu_count(), "kernel": platform.release(),
-                "python": platform.python_version(), "strace": _sh("strace", "-V").splitlines()[0],
-                "open_mpi": _sh("mpirun.openmpi", "--version").splitlines()[0],
+                "python": platform.python_version(), "strace": _sh("strace", "-V"),
+                "open_mpi": _sh("mpirun.openmpi", "--version"),
                 "slurm": _sh("srun", "--version"),
                 "shape": {"srun": f"{NODES} fake nodes x {PER_NODE} ranks",
                           "mpirun": f"{MPIRUN_RANKS} ranks, one node"},
+                "load_average_at_end": os.getloadavg(),
                 "trials": args.trials, "alternating": True,
                 "workload": "charliecloud container job, host Open MPI found, collected and "
                             "staged by the planning rank(s); ch-run replaced by /bin/true",
