@@ -233,7 +233,7 @@ class _Launch:
             return self._plan(argv)
         except UserError as exc:
             if self.job is not None:
-                jobplan.write_error(self.job.path, self.job.info.job_key, exc)
+                jobplan.write_error(self.job, exc)
             raise
 
     def _plan(self, argv: list[str]) -> int:

@@ -12,8 +12,9 @@ execs: no MPI detection, no ``ldconfig``, no library scans, and no import beyond
 module, :mod:`.rankenv` and :mod:`.execute`.
 
 A plan for another job, node list, world size, command line or directory, or one whose image,
-host MPI or staged libraries changed since it was written, is an error. A plan written long
-before this rank started (:data:`STALE_S`) is not read: the rank waits for a fresh one.
+host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
+launch with the same job id (other :data:`LAUNCH_KEYS` values), or written long before this
+rank started (:data:`STALE_S`), is not read: the rank waits for a fresh one.
 Where planning would differ on this rank (another number of local ranks, other environment
 variables that planning reads) the rank plans by itself, as before.
 """
@@ -32,6 +33,12 @@ FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
 STALE_S = 120.0          # a plan older than this before the rank started is another job's
 NODE_MARK = "\0node\0"   # stands for the node rank in the template's argv (argv has no NUL)
+# Variables equal on every rank of one launch and new at the next one (srun's and mpirun's
+# contact points, the PMIx namespace): a plan of an earlier launch with the same job id (a
+# restarted Slurm counts from 1 again) is stale, not this launch's.
+LAUNCH_KEYS = ("SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT", "SLURM_STEP_LAUNCHER_PORT",
+               "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
+               "I_MPI_HYDRA_UUID")
 # Variables that planning reads; a rank whose values differ plans by itself.
 ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "HOME", "XDG_CACHE_HOME", "MASTER_ADDR",
             "MASTER_PORT", "MPI4PY_MPIABI", "SLURM_MPI_TYPE", "I_MPI_ROOT", "I_MPI_PMI_LIBRARY",
@@ -44,6 +51,7 @@ class PlanKey:
     staged libraries the plan uses; a rank re-reads only their ``stat``."""
 
     job: str                                  # RankInfo.job_key: slurm:JOB.STEP, ompi:ID
+    launch: str                               # LAUNCH_KEYS' values
     nodes: tuple[str, ...]
     size: int
     argv: tuple[str, ...]                     # the wrapper's options and command
@@ -79,6 +87,7 @@ class JobRole:
     planner: bool
     argv: tuple[str, ...]
     loud: bool          # says this node's errors: its first rank that does not plan
+    launch: str         # LAUNCH_KEYS' values: which launch of the job this is
 
 
 def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole | None:
@@ -92,8 +101,9 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     path = os.path.join(job_dir(env), f"plan-{safe}.json")
     planner = info.local_rank == 0 if node_scoped else info.rank == 0
     plans_here = node_scoped or info.node_rank == 0
+    launch = ";".join(f"{k}={env[k]}" for k in LAUNCH_KEYS if k in env)
     return JobRole(info, path, planner, tuple(argv),
-                   loud=info.local_rank == (1 if plans_here else 0))
+                   loud=info.local_rank == (1 if plans_here else 0), launch=launch)
 
 
 def job_dir(env: dict[str, str]) -> str:
@@ -109,7 +119,7 @@ def job_dir(env: dict[str, str]) -> str:
 def make_key(job: JobRole, env: dict[str, str], cwd: str,
              files: tuple[tuple[str, str], ...] = ()) -> PlanKey:
     """The key of ``job``'s plan; ``files``: (role, path) to identify by their ``stat``."""
-    return PlanKey(job=job.info.job_key, nodes=job.info.nodes, size=job.info.size,
+    return PlanKey(job=job.info.job_key, launch=job.launch, nodes=job.info.nodes, size=job.info.size,
                    argv=job.argv, cwd=cwd, env=_env_key(env),
                    files=tuple((r, p, identity(p)) for r, p in files))
 
@@ -141,10 +151,11 @@ def write(path: str, key: PlanKey, template: RankTemplate) -> None:
                                "compat_links": [list(x) for x in template.compat_links]}})
 
 
-def write_error(path: str, job: str, exc: UserError) -> None:
+def write_error(job: JobRole, exc: UserError) -> None:
     """The planning rank failed (and said why): the others stop with exit 2, silently."""
-    _write(path, {"format": FORMAT, "written": time.time(), "key": {"job": job},
-                  "error": exc.message})
+    _write(job.path, {"format": FORMAT, "written": time.time(),
+                      "key": {"job": job.info.job_key, "launch": job.launch},
+                      "error": exc.message})
 
 
 def _write(path: str, data: dict) -> None:
@@ -156,7 +167,7 @@ def _write(path: str, data: dict) -> None:
 
 
 def _key_dict(key: PlanKey) -> dict:
-    return {"job": key.job, "nodes": list(key.nodes), "size": key.size,
+    return {"job": key.job, "launch": key.launch, "nodes": list(key.nodes), "size": key.size,
             "argv": list(key.argv), "cwd": key.cwd, "env": [list(kv) for kv in key.env],
             "files": [list(f) for f in key.files]}
 
@@ -167,9 +178,9 @@ class PlannerFailed(Exception):
     """The planning rank wrote an error (it has reported it)."""
 
 
-def wait(path: str, started: float, timeout: float) -> dict:
-    """The plan at ``path`` once a fresh one is there (written at most :data:`STALE_S`
-    before ``started``). UserError after ``timeout`` seconds."""
+def wait(path: str, started: float, timeout: float, launch: str) -> dict:
+    """The plan at ``path`` once a fresh one is there: of this ``launch``, written at most
+    :data:`STALE_S` before ``started``. UserError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     stale: float | None = None
@@ -183,7 +194,7 @@ def wait(path: str, started: float, timeout: float) -> dict:
                             "remove the file and start the job again") from None
         if data is not None:
             written = float(data.get("written", 0))
-            if written >= started - STALE_S:
+            if written >= started - STALE_S and data.get("key", {}).get("launch") == launch:
                 return data
             stale = written
         if time.monotonic() >= deadline:
@@ -207,10 +218,10 @@ def _read(path: str) -> bytes:
 def _timeout_error(path: str, timeout: float, stale: float | None) -> UserError:
     if stale is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stale))
-        return UserError(f"the plan {path} is stale: written {when}, before this job "
-                         f"started, and no fresh one came within {timeout:g} s",
-                         "it belongs to an earlier job with the same id: delete it; if it "
-                         "comes back, see the planning rank's (rank 0's) output")
+        return UserError(f"the plan {path} is stale: written {when} by an earlier launch "
+                         f"with this job id, and no fresh one came within {timeout:g} s",
+                         "delete it; if it comes back, see the planning rank's (rank 0's) "
+                         "output")
     return UserError(f"no plan from the planning rank (rank 0) within {timeout:g} s: "
                      f"{path} was not written",
                      "see rank 0's output for its error; set HPCAI_JOB_DIR to a directory "
@@ -284,7 +295,7 @@ def start(job: JobRole, env: dict[str, str], started: float) -> None:
     """Wait for the plan, check it, bind and exec. Returns when this rank must plan by
     itself. Raises PlannerFailed or UserError."""
     timeout = _timeout(env)
-    data = wait(job.path, started, timeout)
+    data = wait(job.path, started, timeout, job.launch)
     key = make_key(job, env, os.getcwd(), ())
     template = check(data, key, job.path)
     if template is None or len(template.ranks) != job.info.local_size:

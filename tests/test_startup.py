@@ -6,8 +6,8 @@
   work is real and the trace sees it); no other rank runs any program or lists any
   directory outside hpcai's own code, and their calls on library directories are the
   dynamic loader's few.
-- A foreign plan (another command line), a changed file of the key, a stale plan, no plan
-  at all, and a failed planning rank: ``error:`` + ``hint:``, exit 2; the same rank with
+- A foreign plan (another command line), a changed file of the key, a stale plan (old, or
+  of an earlier launch with the same job id), no plan at all, and a failed planning rank: ``error:`` + ``hint:``, exit 2; the same rank with
   its own fresh plan runs (the negative control).
 """
 
@@ -100,6 +100,7 @@ def _rank_env(tmp_path: Path, rank: int, job: str, **extra: str) -> dict[str, st
                     SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="2",
                     SLURM_STEP_TASKS_PER_NODE="2", SLURM_STEP_NODELIST=socket.gethostname(),
                     SLURM_MPI_TYPE="pmix", PMIX_RANK=str(rank), SLURM_CONF="/nonexistent",
+                    SLURM_SRUN_COMM_HOST="127.0.0.1", SLURM_SRUN_COMM_PORT="40001",
                     HPCAI_JOB_DIR=str(tmp_path / "jobs"), **extra)
     env["PATH"] = f"{fake}:{env['PATH']}"
     return env
@@ -152,10 +153,14 @@ def test_startup_changed_file_of_the_key_is_an_error(tmp_path):
     assert "hint:" in result.stderr
 
 
-def test_startup_stale_plan_is_an_error(tmp_path):
+@pytest.mark.parametrize("why", ["written long ago", "an earlier launch of this job id"])
+def test_startup_stale_plan_is_an_error(tmp_path, why):
     job, path = _planned(tmp_path)
     data = json.loads(path.read_text())
-    data["written"] = time.time() - 3600
+    if why == "written long ago":
+        data["written"] = time.time() - 3600
+    else:      # a restarted Slurm counts job ids from 1 again: srun's contact point differs
+        data["key"]["launch"] = data["key"]["launch"].replace("40001", "40002")
     path.write_text(json.dumps(data))
     result = run(["hpcai-launch", *OUT_ARGV],
                  _rank_env(tmp_path, 1, job, HPCAI_PLAN_TIMEOUT="0.5"), cwd=tmp_path)
