@@ -33,12 +33,13 @@ FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
 STALE_S = 120.0          # a plan older than this before the rank started is another job's
 NODE_MARK = "\0node\0"   # stands for the node rank in the template's argv (argv has no NUL)
-# Variables equal on every rank of one launch and new at the next one (srun's and mpirun's
-# contact points, the PMIx namespace): a plan of an earlier launch with the same job id (a
-# restarted Slurm counts from 1 again) is stale, not this launch's.
-LAUNCH_KEYS = ("SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT", "SLURM_STEP_LAUNCHER_PORT",
-               "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
-               "I_MPI_HYDRA_UUID")
+# Per launcher (RankInfo.started_by): variables equal on every rank of one launch and new
+# at the next one (srun's contact point; mpirun's URI and PMIx namespace; Hydra's id). A plan
+# of an earlier launch with the same job id (a restarted Slurm counts from 1 again) is stale.
+LAUNCH_KEYS = {"slurm": ("SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT",
+                         "SLURM_STEP_LAUNCHER_PORT"),
+               "openmpi": ("OMPI_MCA_orte_hnp_uri", "PMIX_NAMESPACE"),
+               "hydra": ("I_MPI_HYDRA_UUID",)}
 # Variables that planning reads; a rank whose values differ plans by itself.
 ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "HOME", "XDG_CACHE_HOME", "MASTER_ADDR",
             "MASTER_PORT", "MPI4PY_MPIABI", "SLURM_MPI_TYPE", "I_MPI_ROOT", "I_MPI_PMI_LIBRARY",
@@ -101,7 +102,7 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     path = os.path.join(job_dir(env), f"plan-{safe}.json")
     planner = info.local_rank == 0 if node_scoped else info.rank == 0
     plans_here = node_scoped or info.node_rank == 0
-    launch = ";".join(f"{k}={env[k]}" for k in LAUNCH_KEYS if k in env)
+    launch = ";".join(f"{k}={env[k]}" for k in LAUNCH_KEYS[info.started_by] if k in env)
     return JobRole(info, path, planner, tuple(argv),
                    loud=info.local_rank == (1 if plans_here else 0), launch=launch)
 
@@ -155,7 +156,7 @@ def write_error(job: JobRole, exc: UserError) -> None:
     """The planning rank failed (and said why): the others stop with exit 2, silently."""
     _write(job.path, {"format": FORMAT, "written": time.time(),
                       "key": {"job": job.info.job_key, "launch": job.launch},
-                      "error": exc.message})
+                      "error": exc.message, "hint": exc.hint})
 
 
 def _write(path: str, data: dict) -> None:
@@ -175,7 +176,11 @@ def _key_dict(key: PlanKey) -> dict:
 # --- reading (every other rank) --------------------------------------------------------
 
 class PlannerFailed(Exception):
-    """The planning rank wrote an error (it has reported it)."""
+    """The planning rank wrote an error (and has said it on its node)."""
+
+    def __init__(self, error: UserError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def wait(path: str, started: float, timeout: float, launch: str) -> dict:
@@ -236,7 +241,7 @@ def check(data: dict, key: PlanKey, path: str) -> RankTemplate | None:
     if data.get("format") != FORMAT or got.get("job") != key.job:
         raise _foreign(path, f"it is for job {got.get('job')!r}, this rank is in {key.job!r}")
     if "error" in data:
-        raise PlannerFailed(data["error"])
+        raise PlannerFailed(UserError(data["error"], data.get("hint") or ""))
     want = _key_dict(key)
     for field, what in (("nodes", "node list"), ("size", "world size"),
                         ("argv", "hpcai-launch command line"), ("cwd", "directory")):
@@ -278,13 +283,16 @@ def for_rank(template: RankTemplate, info: RankInfo,
 
 
 def run_rank(job: JobRole, env: dict[str, str], started: float) -> int | None:
-    """A non-planning rank: :func:`start`; a UserError is said (by ``job.loud`` ranks) and
-    is exit 2, as ``hpcai-launch`` says every error. None: this rank must plan by itself."""
+    """A non-planning rank: :func:`start`; an error is exit 2, said once per node as
+    planning says it (the planning rank's by local rank 0 of every other node, this rank's
+    own by ``job.loud`` ranks). None: this rank must plan by itself."""
     try:
         start(job, env, started)
         return None
-    except PlannerFailed:
-        return USAGE_EXIT          # the planning rank has said why
+    except PlannerFailed as failed:
+        if job.loud and job.info.local_rank == 0:
+            os.write(2, (failed.error.render() + "\n").encode())
+        return USAGE_EXIT
     except UserError as exc:
         if job.loud:
             os.write(2, (exc.render() + "\n").encode())

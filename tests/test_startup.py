@@ -89,19 +89,22 @@ def test_startup_only_the_planning_rank_scans_under_srun(tmp_path):
 
 # --- the plan file's key, without a cluster ------------------------------------------------
 
-def _rank_env(tmp_path: Path, rank: int, job: str, **extra: str) -> dict[str, str]:
-    """A rank of a 2-rank srun step on this node; no Slurm runs, so ``scontrol`` (asked by
-    rank 0 about --kill-on-bad-exit) is a program that fails at once."""
+def _rank_env(tmp_path: Path, rank: int, job: str, node: int = 0, **extra: str) -> dict[str, str]:
+    """A rank of an srun step of 2 ranks per node on ``SLURM_STEP_NODELIST`` (default: this
+    node alone); no Slurm runs, so ``scontrol`` (asked by rank 0 about --kill-on-bad-exit)
+    is a program that fails at once."""
     fake = tmp_path / "noslurm"
     if not fake.exists():
         fake.mkdir()
         (fake / "scontrol").symlink_to("/bin/false")
     env = base_env(SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
-                    SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="2",
-                    SLURM_STEP_TASKS_PER_NODE="2", SLURM_STEP_NODELIST=socket.gethostname(),
-                    SLURM_MPI_TYPE="pmix", PMIX_RANK=str(rank), SLURM_CONF="/nonexistent",
-                    SLURM_SRUN_COMM_HOST="127.0.0.1", SLURM_SRUN_COMM_PORT="40001",
-                    HPCAI_JOB_DIR=str(tmp_path / "jobs"), **extra)
+                   SLURM_LOCALID=str(rank % 2), SLURM_NODEID=str(node),
+                   SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="2",
+                   SLURM_STEP_NODELIST=socket.gethostname(), SLURM_MPI_TYPE="pmix",
+                   PMIX_RANK=str(rank), SLURM_CONF="/nonexistent",
+                   SLURM_SRUN_COMM_HOST="127.0.0.1", SLURM_SRUN_COMM_PORT="40001",
+                   HPCAI_JOB_DIR=str(tmp_path / "jobs"))
+    env.update(extra)
     env["PATH"] = f"{fake}:{env['PATH']}"
     return env
 
@@ -178,11 +181,22 @@ def test_startup_no_plan_times_out_with_an_error(tmp_path):
     assert "HPCAI_PLAN_TIMEOUT" in result.stderr
 
 
-def test_startup_failed_planner_stops_the_others_quietly(tmp_path):
+def test_startup_failed_planner_stops_the_others(tmp_path):
+    """Said once per node, as before: by the planning rank on its node, by local rank 0 on
+    each other node; the others stop silently."""
     job = _job(tmp_path)
+    two = {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "4",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "HPCAI_PLAN_TIMEOUT": "5"}
     bad = ["--ranks-per-node", "3", *OUT_ARGV]
-    first = run(["hpcai-launch", *bad], _rank_env(tmp_path, 0, job), cwd=tmp_path)
+    first = run(["hpcai-launch", *bad], _rank_env(tmp_path, 0, job, **two), cwd=tmp_path)
     assert first.returncode == 2 and "error: srun started 2 task(s)" in first.stderr
-    other = run(["hpcai-launch", *bad], _rank_env(tmp_path, 1, job, HPCAI_PLAN_TIMEOUT="5"),
-                cwd=tmp_path)
-    assert other.returncode == 2 and other.stderr == "", other.stderr
+    same_node = run(["hpcai-launch", *bad], _rank_env(tmp_path, 1, job, **two), cwd=tmp_path)
+    assert same_node.returncode == 2 and same_node.stderr == "", same_node.stderr
+    other_node = run(["hpcai-launch", *bad], _rank_env(tmp_path, 2, job, node=1, **two),
+                     cwd=tmp_path)
+    assert other_node.returncode == 2
+    assert other_node.stderr.count("error: srun started 2 task(s)") == 1, other_node.stderr
+    assert "hint: run: srun" in other_node.stderr
+    second = run(["hpcai-launch", *bad], _rank_env(tmp_path, 3, job, node=1, **two),
+                 cwd=tmp_path)
+    assert second.returncode == 2 and second.stderr == "", second.stderr
