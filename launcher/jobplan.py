@@ -15,8 +15,8 @@ A plan for another job, node list, world size, command line or directory, or one
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
 launch with the same job id (other :data:`LAUNCH_KEYS` values), or written long before this
 rank started (:data:`STALE_S`), is not read: the rank waits for a fresh one.
-Where planning would differ on this rank (another number of local ranks, other environment
-variables that planning reads) the rank plans by itself, as before.
+Where planning would differ on this rank (another number of local ranks or of CPUs on its
+node, other environment variables that planning reads) the rank plans by itself, as before.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class PlanKey:
     argv: tuple[str, ...]                     # the wrapper's options and command
     cwd: str
     env: tuple[tuple[str, str], ...]
+    cpus: int | None                          # the node's CPU count (the template's CPU sets)
     files: tuple[tuple[str, str, str], ...] = ()
 
 
@@ -121,7 +122,7 @@ def make_key(job: JobRole, env: dict[str, str], cwd: str,
              files: tuple[tuple[str, str], ...] = ()) -> PlanKey:
     """The key of ``job``'s plan; ``files``: (role, path) to identify by their ``stat``."""
     return PlanKey(job=job.info.job_key, launch=job.launch, nodes=job.info.nodes, size=job.info.size,
-                   argv=job.argv, cwd=cwd, env=_env_key(env),
+                   argv=job.argv, cwd=cwd, env=_env_key(env), cpus=os.cpu_count(),
                    files=tuple((r, p, identity(p)) for r, p in files))
 
 
@@ -170,6 +171,7 @@ def _write(path: str, data: dict) -> None:
 def _key_dict(key: PlanKey) -> dict:
     return {"job": key.job, "launch": key.launch, "nodes": list(key.nodes), "size": key.size,
             "argv": list(key.argv), "cwd": key.cwd, "env": [list(kv) for kv in key.env],
+            "cpus": key.cpus,
             "files": [list(f) for f in key.files]}
 
 
@@ -235,8 +237,8 @@ def _timeout_error(path: str, timeout: float, stale: float | None) -> UserError:
 
 def check(data: dict, key: PlanKey, path: str) -> RankTemplate | None:
     """The template, if ``data`` is this job's plan. UserError for a foreign or changed
-    plan; None where this rank must plan by itself (other environment). PlannerFailed when
-    the planning rank failed."""
+    plan; None where this rank must plan by itself (other environment, or a node with
+    another number of CPUs). PlannerFailed when the planning rank failed."""
     got = data.get("key", {})
     if data.get("format") != FORMAT or got.get("job") != key.job:
         raise _foreign(path, f"it is for job {got.get('job')!r}, this rank is in {key.job!r}")
@@ -253,7 +255,7 @@ def check(data: dict, key: PlanKey, path: str) -> RankTemplate | None:
         if now != ident:
             raise _foreign(path, f"its {role_} {file} changed since it was planned "
                                  f"({ident or 'absent'} -> {now or 'absent'})")
-    if got.get("env") != want["env"]:
+    if got.get("env") != want["env"] or got.get("cpus") != want["cpus"]:
         return None
     t = data["template"]
     return RankTemplate(
