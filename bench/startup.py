@@ -281,7 +281,7 @@ def main() -> int:
                 "cpus": os.cpu_count(), "kernel": platform.release(),
                 "python": platform.python_version(), "strace": _sh("strace", "-V"),
                 "open_mpi": _sh("mpirun.openmpi", "--version"),
-                "slurm": _sh("srun", "--version"),
+                "slurm": _sh("dpkg-query", "-W", "-f", "${Package} ${Version}", "slurm-wlm"),
                 "shape": {"srun": f"{NODES} fake nodes x {PER_NODE} ranks",
                           "mpirun": f"{MPIRUN_RANKS} ranks, one node"},
                 "load_average_at_end": os.getloadavg(),
