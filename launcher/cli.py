@@ -37,6 +37,7 @@ from .rankenv import from_environ
 if TYPE_CHECKING:
     import argparse
 
+    from ..core.cli import Parser
     from .options import Options
 
 
