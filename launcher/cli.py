@@ -29,19 +29,21 @@ Defaults for several options come from HPCAI_* environment variables.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-from typing import Callable
+import time
+from typing import TYPE_CHECKING, Callable
 
-from ..core.cli import Parser, run_main, say_error, split_command
 from ..core.errors import UserError
-from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES, Options, env_defaults
-from .facts import gather_facts
-from .plan import build_plan
+from . import jobplan
 from .rankenv import from_environ
 from .site import SiteProfile
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..core.cli import Parser
+    from .options import Options
 
 
 def _validate(argv: list[str]) -> int:
@@ -98,6 +100,10 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 def make_parser() -> Parser:
     """hpcai-launch's options. Those with an ``HPCAI_*`` default parse to None when not
     given; :func:`parse` fills them in (and so knows which ones the user gave)."""
+    import argparse
+
+    from ..core.cli import Parser
+    from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
@@ -147,6 +153,8 @@ def make_parser() -> Parser:
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     """The command line and the ``HPCAI_*`` defaults, checked for values and combinations
     that would be ignored or cannot work."""
+    from ..core.cli import split_command
+    from .options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
     head, command = split_command(argv)
     ns = make_parser().parse_args(head)
     if command is None:
@@ -224,10 +232,22 @@ def _check_container_options(ns: argparse.Namespace, given: set[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A subcommand, a rank that starts from its job's plan (:mod:`.jobplan`: before any
+    import that planning needs), or planning."""
+    started = time.time()
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in SUBCOMMANDS:
+        from ..core.cli import run_main
         return run_main(SUBCOMMANDS[args[0]], args[1:])
-    launch = _Launch()
+    env = dict(os.environ)
+    job = jobplan.role(args, env, from_environ(env, os.getppid()))
+    if job is not None and not job.planner:
+        code = jobplan.run_rank(job, env, started)   # execs, unless an error
+        if code is not None:
+            return code
+        job = None                                   # this rank plans by itself
+    from ..core.cli import run_main
+    launch = _Launch(job)
     return run_main(launch, args, report=launch.report)
 
 
@@ -235,6 +255,8 @@ def check_training_command(options: Options) -> None:
     """A ``train`` command's arguments, parsed once here before any rank starts: a usage
     error is said once, not by every rank and then by mpirun's abort banner. A bare
     ``train`` is checked only if it is hpcai's (someone else's ``train`` is theirs)."""
+    import shutil
+
     from ..training.config import check_command
 
     bare = options.container is None or options.runtime == "none"
@@ -244,12 +266,25 @@ def check_training_command(options: Options) -> None:
 
 class _Launch:
     """Plan, then print it (``--dry-run``) or carry it out. In rank mode only local rank 0
-    reports a user error (every rank hits the same one)."""
+    reports a user error (every rank hits the same one). The job's planning rank
+    (``job``) writes the job's plan for the others, or its error."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: jobplan.JobRole | None) -> None:
         self.loud = True
+        self.job = job
 
     def __call__(self, argv: list[str]) -> int:
+        try:
+            return self._plan(argv)
+        except UserError as exc:
+            if self.job is not None:
+                jobplan.write_error(self.job, exc)
+            raise
+
+    def _plan(self, argv: list[str]) -> int:
+        from .facts import gather_facts
+        from .plan import build_plan, key_files, rank_template
+
         options, ns = parse(argv)
         if from_environ(dict(os.environ)) is None:   # the outer hpcai-launch, not a rank
             check_training_command(options)
@@ -259,10 +294,14 @@ class _Launch:
         if ns.dry_run:
             print(plan.to_json() if ns.json else plan.render())
             return 0
+        if self.job is not None and plan.mode == "rank":
+            key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
+            jobplan.write(self.job.path, key, rank_template(options, facts))
         from .execute import exec_plan
         exec_plan(plan, report_bindings=options.report_bindings)
         return 0  # not reached: exec_plan replaces the process
 
     def report(self, exc: UserError) -> None:
         if self.loud:
+            from ..core.cli import say_error
             say_error(exc)

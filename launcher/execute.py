@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
-from .plan import LaunchPlan
-from .topology import format_cpulist
+
+if TYPE_CHECKING:
+    from .plan import LaunchPlan
+    from .rankenv import RankInfo
 
 
 def make_compat_links(links: tuple[tuple[str, str], ...]) -> None:
@@ -43,36 +45,50 @@ def apply_binding(cpus: tuple[int, ...] | None) -> tuple[set[int], set[int], str
     return before, os.sched_getaffinity(0), how
 
 
-def binding_report(plan: LaunchPlan, after: set[int], how: str) -> tuple[str, bool]:
+def binding_report(info: RankInfo, bind_cpus: tuple[int, ...] | None, threads: str | None,
+                   after: set[int], how: str) -> tuple[str, bool]:
     """One line per rank: real CPU set vs plan. Returns (line, matches plan)."""
-    info = plan.rank
-    assert info is not None
-    planned = set(plan.bind_cpus) if plan.bind_cpus is not None else after
+    from .topology import format_cpulist
+    planned = set(bind_cpus) if bind_cpus is not None else after
     ok = after == planned
-    env = plan.env_dict()
     line = (f"hpcai: rank {info.rank}/{info.size} local {info.local_rank}/{info.local_size} "
-            f"node {info.node_rank} host {socket.gethostname()}: cpus {format_cpulist(after)} "
-            f"planned {format_cpulist(planned)} threads {env.get('OMP_NUM_THREADS')} "
+            f"node {info.node_rank} host {os.uname().nodename}: cpus {format_cpulist(after)} "
+            f"planned {format_cpulist(planned)} threads {threads} "
             f"bound-by {how} {'OK' if ok else 'MISMATCH'}")
     return line, ok
 
 
 def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> None:
     """Replace this process with the planned command (never returns on success)."""
-    make_compat_links(plan.compat_links)
     if plan.mode == "rank":
-        if plan.rank is not None and plan.rank.rank == 0:
-            for warning in plan.warnings:
-                os.write(sys.stderr.fileno(), f"warning: {warning}\n".encode())
-        _, after, how = apply_binding(plan.bind_cpus)
-        line, ok = binding_report(plan, after, how)
-        if report_bindings or not ok:
-            text = line if ok else f"warning: {line}: real affinity differs from the plan"
-            os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
+        assert plan.rank is not None
+        exec_rank(plan.argv, plan.env_dict(), plan.compat_links, plan.rank, plan.bind_cpus,
+                  plan.warnings, report_bindings)
+    make_compat_links(plan.compat_links)
+    _exec(plan.argv, plan.env_dict())
+
+
+def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str, str], ...],
+              info: RankInfo, bind_cpus: tuple[int, ...] | None, warnings: tuple[str, ...],
+              report_bindings: bool) -> None:
+    """A rank: links, warnings (rank 0), binding and its report, then exec."""
+    make_compat_links(links)
+    if info.rank == 0:
+        for warning in warnings:
+            os.write(sys.stderr.fileno(), f"warning: {warning}\n".encode())
+    _, after, how = apply_binding(bind_cpus)
+    if report_bindings or (bind_cpus is not None and after != set(bind_cpus)):
+        line, ok = binding_report(info, bind_cpus, env.get("OMP_NUM_THREADS"), after, how)
+        text = line if ok else f"warning: {line}: real affinity differs from the plan"
+        os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
+    _exec(argv, env)
+
+
+def _exec(argv: tuple[str, ...], plan_env: dict[str, str]) -> None:
     env = dict(os.environ)
-    env.update(plan.env)
+    env.update(plan_env)
     try:
-        os.execvpe(plan.argv[0], list(plan.argv), env)
+        os.execvpe(argv[0], list(argv), env)
     except OSError as exc:
-        raise UserError(f"cannot start {plan.argv[0]}: {exc.strerror}",
+        raise UserError(f"cannot start {argv[0]}: {exc.strerror}",
                         "check that the program exists and is executable") from exc

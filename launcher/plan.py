@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import UserError
 from ..slurm import pmi
 from ..slurm.srun import SrunStep, srun_argv
-from . import flavours
+from . import flavours, jobplan
 from .abi import SYSTEM_LIBDIRS
 from .containers import HOST_MOUNT, get_runtime
 from .facts import Facts, choose_mode
@@ -26,7 +26,7 @@ from .flavours import MpiInstall
 from .hosts import parse_hosts
 from .options import Options
 from .placement import Placement, plan_placement, thread_env
-from .rankenv import RankInfo, torch_env
+from .rankenv import RankInfo
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -333,6 +333,41 @@ def _int_or_none(text: str | None) -> int | None:
 def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
     info = facts.rank
     assert info is not None
+    placement, template, notes, warnings = _rank_parts(options, facts)
+    argv, env, bind_cpus = jobplan.for_rank(template, info, facts.env)
+    return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()),
+                      placement=placement, ranks=(_rank_plan_entry(placement, info.local_rank),),
+                      topology=facts.topology.describe(), rank=info, bind_cpus=bind_cpus,
+                      mpi=facts.mpi, compat_links=template.compat_links, notes=notes,
+                      container=facts.container, warnings=warnings)
+
+
+def rank_template(options: Options, facts: Facts) -> jobplan.RankTemplate:
+    """What every rank of the job needs (written once to the job's plan file by the
+    planning rank; :func:`.jobplan.for_rank` makes one rank's argv and env of it)."""
+    return _rank_parts(options, facts)[1]
+
+
+def key_files(facts: Facts) -> tuple[tuple[str, str], ...]:
+    """The files a rank's plan depends on: image, host MPI, staged host libraries."""
+    files: list[tuple[str, str]] = []
+    c = facts.container
+    if c is not None:
+        files.append(("image", c.image))
+        if c.host_mpi is not None:
+            files.append(("host MPI", c.host_mpi.libmpi))
+        if c.staged:
+            files.append(("staged host libraries", c.staged))
+    elif facts.mpi is not None and facts.mpi.launcher:
+        files.append(("host MPI", facts.mpi.launcher))
+    return tuple(files)
+
+
+def _rank_parts(options: Options, facts: Facts) -> tuple[
+        Placement, jobplan.RankTemplate, tuple[str, ...], tuple[str, ...]]:
+    """(placement, the node's template, notes, warnings) of a rank's plan."""
+    info = facts.rank
+    assert info is not None
     if options.ranks_per_node is not None and options.ranks_per_node != info.local_size:
         raise _mismatch_error(options, facts, info)
     placement = _placement(options, facts.topology, info.local_size)
@@ -341,9 +376,11 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
     if info.local_rank >= placement.ranks_per_node:
         raise UserError(f"local rank {info.local_rank} outside the {placement.ranks_per_node} "
                         "planned ranks per node", "check the launcher's ranks per node")
-    entry = _rank_plan_entry(placement, info.local_rank)
-    env = dict(entry.env)
-    env.update(torch_env(info, facts.env))
+    synthetic = facts.topology.source != "sysfs"
+    entries = tuple(jobplan.RankEntry(_rank_plan_entry(placement, i).env,
+                                      None if synthetic else placement.slot(i).cpus)
+                    for i in range(placement.ranks_per_node))
+    env: dict[str, str] = {}
     notes: list[str] = []
     links: tuple[tuple[str, str], ...] = ()
     argv: tuple[str, ...] = (facts.command_path or options.command[0], *options.command[1:])
@@ -353,7 +390,7 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
         cspec = spec(facts.container, options.binds, facts.cwd, facts.env)
         env.update(cspec.env)
         argv = tuple(wrap(cspec, options.command, join_ct=info.local_size,
-                          join_tag=f"hpcai-{info.job_key}-{info.node_rank}"))
+                          join_tag=f"hpcai-{info.job_key}-{jobplan.NODE_MARK}"))
     elif facts.mpi is not None and "MPI4PY_MPIABI" not in facts.env:
         lib_env, links, lib_notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
         env.update(lib_env)
@@ -370,17 +407,13 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
                         "fails, srun leaves the others running (they can wait in their next "
                         "collective until the time limit); add --kill-on-bad-exit=1 to the "
                         "srun line (hpcai-launch's own srun lines and sbatch scripts have it)")
-    synthetic = facts.topology.source != "sysfs"
     if synthetic:
         warnings.append(f"topology {facts.topology.source} is not this machine's: the ranks "
                         "are not bound (--topology and HPCAI_TOPOLOGY are for planning "
                         "other machines with --dry-run)")
-    return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()),
-                      placement=placement, ranks=(entry,),
-                      topology=facts.topology.describe(), rank=info,
-                      bind_cpus=None if synthetic else placement.slot(info.local_rank).cpus,
-                      mpi=facts.mpi, compat_links=links, notes=tuple(notes),
-                      container=facts.container, warnings=tuple(warnings))
+    template = jobplan.RankTemplate(ranks=entries, env=tuple(env.items()), argv=argv,
+                                    compat_links=links)
+    return placement, template, tuple(notes), tuple(warnings)
 
 
 def _check_step_pmi(options: Options, facts: Facts, info: RankInfo,

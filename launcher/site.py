@@ -11,6 +11,8 @@ expected_libmpi = "/lrz/sys/intel/"  # validation fails unless the ranks' libmpi
 cores_per_node = 48                  # integer: cores (not hardware threads) per node
 threads_per_core = 2                 # integer: hardware threads per core (srun counts them)
 memory_per_node_gb = 96              # number: usable memory per node (hpcai-launch predict)
+metadata_ops_per_s = 20000           # integer: the shared file system's metadata rate, for
+                                     # bench/startup.py's start-up model (default 20000)
 binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw]", absolute;
                                               # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
@@ -48,6 +50,9 @@ except ModuleNotFoundError:      # Python 3.10
         tomllib = None           # type: ignore[assignment]
 
 MPI_LAUNCHERS = ("srun", "mpiexec")
+# Metadata operations per second of a site's shared file system, when its profile does not say:
+# a conservative figure for one busy Lustre/GPFS metadata server (bench/startup.py's model).
+DEFAULT_METADATA_OPS_PER_S = 20000
 
 # key -> (kind, example line shown in hints)
 _SCHEMA: dict[str, tuple[str, str]] = {
@@ -65,6 +70,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "memory_per_node_gb": ("number", "memory_per_node_gb = 96"),
     "network": ("network", '[network]\nlatency_us = 1.0\nbandwidth_gbit_s = 100\n'
                            'topology = "fat-tree"'),
+    "metadata_ops_per_s": ("int", "metadata_ops_per_s = 20000"),
 }
 TOPOLOGIES = ("fat-tree", "shared-host")
 
@@ -95,6 +101,7 @@ class SiteProfile:
     threads_per_core: int = 1
     memory_per_node_gb: float | None = None
     network: NetworkSpec | None = None
+    metadata_ops_per_s: int = DEFAULT_METADATA_OPS_PER_S
     path: str | None = None            # the file it was loaded from
 
     @classmethod
@@ -146,7 +153,8 @@ class SiteProfile:
                 "pmi": self.pmi, "expected_libmpi": self.expected_libmpi,
                 "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core,
                 "memory_per_node_gb": self.memory_per_node_gb,
-                "network": None if self.network is None else asdict(self.network)}
+                "network": None if self.network is None else asdict(self.network),
+                "metadata_ops_per_s": self.metadata_ops_per_s}
 
 
 def _type_name(value: object) -> str:

@@ -1,0 +1,202 @@
+"""Start-up that scales: one rank per job plans, the others start from its plan file.
+
+- Under srun on the private Slurm (2 fake nodes x 2 ranks, a container job: the planning
+  rank finds, collects and stages the host MPI), every rank's wrapper is traced with
+  ``strace -f``: rank 0 runs ``ldconfig`` and lists library directories (the control: the
+  work is real and the trace sees it); no other rank runs any program or lists any
+  directory outside hpcai's own code, and their calls on library directories are the
+  dynamic loader's few.
+- A foreign plan (another command line), a changed file of the key, a stale plan (old, or
+  of an earlier launch with the same job id), no plan at all, and a failed planning rank: ``error:`` + ``hint:``, exit 2; the same rank with
+  its own fresh plan runs (the negative control).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import base_env, run
+from localcluster import LocalCluster, missing_programs
+from startup_trace import Places, parse
+from test_containers import _fake_image
+
+TRACE = str(Path(__file__).with_name("startup_trace.py"))
+LIBDIRS = ("/usr/lib", "/lib", "/usr/lib64", "/lib64")
+
+
+def _image(root: Path) -> Path:
+    """An Open MPI image that passes every pre-flight check (ch-run is faked: the trace
+    ends where the wrapper execs it)."""
+    image = _fake_image(root, "openmpi", "libmpi.so.40")
+    helper = image / "usr/lib/python3/dist-packages/hpcai/launcher/readonly.py"
+    helper.parent.mkdir(parents=True)
+    helper.write_text("")
+    return image
+
+
+def _fake_runtime(tmp: Path) -> str:
+    bin_dir = tmp / "fakebin"
+    bin_dir.mkdir()
+    (bin_dir / "ch-run").symlink_to("/bin/true")
+    return str(bin_dir)
+
+
+# --- under srun: only the planning rank does the expensive work ---------------------------
+
+@pytest.mark.slurm
+@pytest.mark.skipif(bool(missing_programs()), reason="Slurm/munge not installed")
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed "
+                    "(scripts/install.sh installs it)")
+@pytest.mark.skipif(shutil.which("mpirun.openmpi") is None, reason="Open MPI not installed")
+def test_startup_only_the_planning_rank_scans_under_srun(tmp_path):
+    image = _image(tmp_path / "img")
+    out = tmp_path / "traces"
+    out.mkdir()
+    env = {"PATH": f"{_fake_runtime(tmp_path)}:{Path(sys.executable).parent}:"
+                   f"{os.environ.get('PATH', os.defpath)}",
+           "HPCAI_CACHE": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+    with LocalCluster(fake_nodes=2, cpus_per_node=2) as cluster:
+        result = cluster.run(["srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmix",
+                              "--kill-on-bad-exit=1", sys.executable, TRACE, "trace", str(out),
+                              "--", "hpcai-launch", "--container", str(image), "--",
+                              "python3", "-c", "pass"],
+                             timeout=180, env=env, cwd=str(tmp_path),
+                             unset=("MASTER_ADDR", "MASTER_PORT", "HPCAI_JOB_DIR"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    places = Places((("library dirs", LIBDIRS),))
+    traces = {r: parse((out / f"rank-{r}.trace").read_text(), places, "ch-run")
+              for r in range(4)}
+    assert all(t.reached_exec for t in traces.values()), {r: t.to_dict() for r, t in traces.items()}
+    planner = traces[0]
+    assert any(p.endswith("/ldconfig") for p in planner.programs), planner.programs
+    assert any(d.startswith(LIBDIRS) for d in planner.listed)
+    assert planner.metadata["library dirs"] > 500, planner.metadata
+    for rank in (1, 2, 3):
+        t = traces[rank]
+        assert t.programs == [], (rank, t.programs)           # no ldconfig, no mpirun
+        assert not [d for d in t.listed if d.startswith(LIBDIRS)], (rank, t.listed)
+        assert t.metadata.get("library dirs", 0) < 60, (rank, t.metadata)
+    assert len(list((tmp_path / "cache" / "jobs").glob("plan-*.json"))) == 1
+
+
+# --- the plan file's key, without a cluster ------------------------------------------------
+
+def _rank_env(tmp_path: Path, rank: int, job: str, node: int = 0, **extra: str) -> dict[str, str]:
+    """A rank of an srun step of 2 ranks per node on ``SLURM_STEP_NODELIST`` (default: this
+    node alone); no Slurm runs, so ``scontrol`` (asked by rank 0 about --kill-on-bad-exit)
+    is a program that fails at once."""
+    fake = tmp_path / "noslurm"
+    if not fake.exists():
+        fake.mkdir()
+        (fake / "scontrol").symlink_to("/bin/false")
+    env = base_env(SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
+                   SLURM_LOCALID=str(rank % 2), SLURM_NODEID=str(node),
+                   SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="2",
+                   SLURM_STEP_NODELIST=socket.gethostname(), SLURM_MPI_TYPE="pmix",
+                   PMIX_RANK=str(rank), SLURM_CONF="/nonexistent",
+                   SLURM_SRUN_COMM_HOST="127.0.0.1", SLURM_SRUN_COMM_PORT="40001",
+                   HPCAI_JOB_DIR=str(tmp_path / "jobs"))
+    env.update(extra)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    return env
+
+
+def _job(tmp_path: Path) -> str:
+    return str(abs(hash(str(tmp_path))) % 10**6 + 1000)
+
+
+OUT_ARGV = ["--oversubscribe", "--", sys.executable, "-c",
+            "import os; print('rank', os.environ['RANK'], os.environ['OMP_NUM_THREADS'])"]
+
+
+def _planned(tmp_path: Path) -> tuple[str, Path]:
+    job = _job(tmp_path)
+    first = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 0, job), cwd=tmp_path)
+    assert first.returncode == 0 and "rank 0 1" in first.stdout, first.stderr
+    plans = list((tmp_path / "jobs").glob("plan-*.json"))
+    assert len(plans) == 1
+    return job, plans[0]
+
+
+def test_startup_rank_runs_from_its_jobs_plan(tmp_path):
+    job, _ = _planned(tmp_path)
+    result = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 1, job), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1 1" in result.stdout
+
+
+def test_startup_foreign_plan_is_an_error(tmp_path):
+    job, _ = _planned(tmp_path)
+    other = ["--oversubscribe", "--threads-per-rank", "1", *OUT_ARGV[1:]]
+    result = run(["hpcai-launch", *other], _rank_env(tmp_path, 1, job), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "error: the plan" in result.stderr and "does not belong to this job" in result.stderr
+    assert "hpcai-launch command line" in result.stderr and "hint:" in result.stderr
+    assert "rank 1" not in result.stdout
+
+
+def test_startup_changed_file_of_the_key_is_an_error(tmp_path):
+    job, path = _planned(tmp_path)
+    image = tmp_path / "image-file"
+    image.write_text("v1")
+    data = json.loads(path.read_text())
+    data["key"]["files"] = [["image", str(image), "0:0:0"]]
+    path.write_text(json.dumps(data))
+    result = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 1, job), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"its image {image} changed since it was planned" in result.stderr
+    assert "hint:" in result.stderr
+
+
+@pytest.mark.parametrize("why", ["written long ago", "an earlier launch of this job id"])
+def test_startup_stale_plan_is_an_error(tmp_path, why):
+    job, path = _planned(tmp_path)
+    data = json.loads(path.read_text())
+    if why == "written long ago":
+        data["written"] = time.time() - 3600
+    else:      # a restarted Slurm counts job ids from 1 again: srun's contact point differs
+        data["key"]["launch"] = data["key"]["launch"].replace("40001", "40002")
+    path.write_text(json.dumps(data))
+    result = run(["hpcai-launch", *OUT_ARGV],
+                 _rank_env(tmp_path, 1, job, HPCAI_PLAN_TIMEOUT="0.5"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "is stale" in result.stderr and "hint:" in result.stderr
+    assert "rank 1" not in result.stdout
+
+
+def test_startup_no_plan_times_out_with_an_error(tmp_path):
+    result = run(["hpcai-launch", *OUT_ARGV],
+                 _rank_env(tmp_path, 1, _job(tmp_path), HPCAI_PLAN_TIMEOUT="0.3"),
+                 cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no plan from the planning rank (rank 0) within 0.3 s" in result.stderr
+    assert "HPCAI_PLAN_TIMEOUT" in result.stderr
+
+
+def test_startup_failed_planner_stops_the_others(tmp_path):
+    """Said once per node, as before: by the planning rank on its node, by local rank 0 on
+    each other node; the others stop silently."""
+    job = _job(tmp_path)
+    two = {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "4",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "HPCAI_PLAN_TIMEOUT": "5"}
+    bad = ["--ranks-per-node", "3", *OUT_ARGV]
+    first = run(["hpcai-launch", *bad], _rank_env(tmp_path, 0, job, **two), cwd=tmp_path)
+    assert first.returncode == 2 and "error: srun started 2 task(s)" in first.stderr
+    same_node = run(["hpcai-launch", *bad], _rank_env(tmp_path, 1, job, **two), cwd=tmp_path)
+    assert same_node.returncode == 2 and same_node.stderr == "", same_node.stderr
+    other_node = run(["hpcai-launch", *bad], _rank_env(tmp_path, 2, job, node=1, **two),
+                     cwd=tmp_path)
+    assert other_node.returncode == 2
+    assert other_node.stderr.count("error: srun started 2 task(s)") == 1, other_node.stderr
+    assert "hint: run: srun" in other_node.stderr
+    second = run(["hpcai-launch", *bad], _rank_env(tmp_path, 3, job, node=1, **two),
+                 cwd=tmp_path)
+    assert second.returncode == 2 and second.stderr == "", second.stderr
