@@ -36,7 +36,7 @@ BASE_PACKAGES=(python3 python3-pip ca-certificates openmpi-bin libopenmpi3)
 MOUNT_POINTS=(/opt/hpcai/host /opt/hpcai/src /opt/hpcai/data /opt/hpcai/out /opt/hpcai/work)
 WHEELS=${HPCAI_WHEELS:-/opt/wheels}
 # The tracked files that make up the installed package (the project layer's hash).
-SOURCE_PATHS=(setup.cfg pyproject.toml __init__.py core launcher models training slurm)
+SOURCE_PATHS=(setup.cfg pyproject.toml __init__.py core launcher models training slurm perf)
 
 say() { printf '[image %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 die() {

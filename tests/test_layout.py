@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import configparser
 import re
 import subprocess
 import sys
@@ -209,3 +210,15 @@ def test_docstrings_say_what_the_code_does(tmp_path):
     staged = hostlibs.stage([lib], tmp_path / "cache") / "lib" / "libfake.so.1"
     assert staged.stat().st_nlink == 1 and source.stat().st_nlink == 1
     assert staged.stat().st_mode & 0o777 == 0o444
+
+
+def test_the_image_gets_every_package_of_the_wheel():
+    """build-image.sh copies the package's folders into the image: every package setup.cfg
+    names must be among them (a new folder left out breaks every container run)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    packages = {p.split(".")[1] for p in cfg["options"]["packages"].split() if "." in p}
+    line = next(ln for ln in (REPO / "charliecloud" / "build-image.sh").read_text().splitlines()
+                if ln.startswith("SOURCE_PATHS=("))
+    copied = set(line[len("SOURCE_PATHS=("):-1].split())
+    assert packages and packages <= copied, sorted(packages - copied)
