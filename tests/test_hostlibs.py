@@ -1,11 +1,18 @@
 """Host-library binding: ELF reading, host MPI discovery, collection, staging, pre-flight
 checks and site profiles.
 
-The library trees are made of REAL ELF files, built once per session with gcc: an Intel MPI
-tree with its bundled libfabric and providers, an Open MPI prefix with MCA components, a
-Debian-style MPICH, an Omni-Path site (libpsm2), UCX with its modules, rdma-core with verbs
-providers, NCCL and a fake libcuda. The real host libraries (Open MPI 4.1.4, MPICH 4.0.2,
-Intel MPI from impi-rt, glibc) are read as well where installed.
+Fabric discovery runs on REAL libraries: apt's UCX 1.13 with its transports in ucx/,
+rdma-core 44 (libibverbs, librdmacm, the verbs providers in libibverbs/), libpsm2 and
+libfabric; apt's Open MPI 4.1.4 with its MCA components and MPICH 4.0.2; the libfabric (with
+its providers) and UCX (with its transports) inside the PyPI MPICH 5 and Open MPI 5 wheels
+(``<venv>/opt``); Intel MPI from impi-rt. The expected paths, names and roles are read from
+those trees (Debian bookworm's packages, as scripts/install.sh installs them).
+
+Fakes, built once per session with gcc, remain only where no package gives a real file:
+Intel MPI's bundled libfabric (``opt/mpi/libfabric`` with ``prov/``: impi-rt on PyPI ships no
+libfabric; its psmx2 provider links apt's real libpsm2), NCCL and the CUDA driver
+(libcuda, libnvidia-ptxjitcompiler), a site library without soname found through $ORIGIN,
+and glibc builds (a banner, version definitions only, a GLIBC_2.99 stub) that no host has.
 """
 
 from __future__ import annotations
