@@ -93,9 +93,14 @@ class JobRole:
 
 
 def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole | None:
-    """None when this process is no rank or asks for no launch (``--dry-run``, help)."""
+    """None when this process is no rank, asks for no launch (``--dry-run``, help), or
+    cannot write the job directory (a read-only home inside a container): every rank then
+    plans by itself, as before plan-once. The answer is the same on every rank that sees
+    the same file system."""
     head = argv[:argv.index("--")] if "--" in argv else argv
     if info is None or any(a in ("--dry-run", "-h", "--help") for a in head):
+        return None
+    if not _writable(job_dir(env)):
         return None
     node_scoped = info.job_key.startswith("hydra-ppid:")     # a node-local identity
     name = info.job_key + (f"@{os.uname().nodename}" if node_scoped else "")
@@ -106,6 +111,16 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     launch = ";".join(f"{k}={env[k]}" for k in LAUNCH_KEYS[info.started_by] if k in env)
     return JobRole(info, path, planner, tuple(argv),
                    loud=info.local_rank == (1 if plans_here else 0), launch=launch)
+
+
+def _writable(path: str) -> bool:
+    """Whether ``path``, or the nearest directory above it that exists, can be written."""
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.access(path, os.W_OK | os.X_OK)
 
 
 def job_dir(env: dict[str, str]) -> str:
