@@ -152,7 +152,8 @@ class Row:
 
 
 # -- provenance and the JSON writer ------------------------------------------------------
-def _first_line(argv: list[str], containing: str = "") -> str | None:
+def first_line(argv: list[str], containing: str = "") -> str | None:
+    """The first output line of ``argv`` containing ``containing``; None when not installed."""
     if not shutil.which(argv[0]):
         return None
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
@@ -170,7 +171,7 @@ def _version(package: str) -> str | None:
 def provenance() -> dict:
     """Where and on what a result was measured (load average taken now: call it at the
     start of a run; :func:`write_result` adds the load at the end)."""
-    commit = _first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    commit = first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "-uno"],
                            capture_output=True, text=True, check=False).stdout.strip()
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
@@ -182,7 +183,7 @@ def provenance() -> dict:
         "host": socket.gethostname(), "machine": model, "cpus": os.cpu_count(),
         "kernel": platform.release(), "python": platform.python_version(),
         "python_executable": sys.executable,
-        "open_mpi": _first_line(["mpirun.openmpi", "--version"]),
+        "open_mpi": first_line(["mpirun.openmpi", "--version"]),
         "threads_env": {k: os.environ.get(k) for k in THREAD_VARS},
         "packages": {p: _version(p) for p in PACKAGES},
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],

@@ -28,10 +28,8 @@ may be too small for the criteria; the JSON then shows how far each metric got, 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -40,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import loopback_env
+from common import loopback_env, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ("profile_distance_x", "profile_distance_y", "profile_distance_z",
@@ -48,22 +46,6 @@ METRICS = ("profile_distance_x", "profile_distance_y", "profile_distance_z",
            "aux_mape_gen")
 SAMPLING_FRACTION_TOLERANCE = 0.15
 DISTANCE_FALL = 0.5
-
-
-def _git(*args: str) -> str:
-    result = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-    return result.stdout.strip()
-
-
-def provenance() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"git_commit": _git("rev-parse", "HEAD"),
-            "git_dirty": bool(_git("status", "--porcelain", "-uno")),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(), "machine": cpu, "cpus": os.cpu_count(),
-            "python": platform.python_version(), "load_average_at_start": os.getloadavg()}
 
 
 def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:

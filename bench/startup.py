@@ -27,10 +27,8 @@ writes ``bench/results/startup-<hostname>.json`` and prints the tables.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -46,6 +44,7 @@ from localcluster import LocalCluster  # noqa: E402
 from startup_trace import Places, parse  # noqa: E402
 from test_startup import _image  # noqa: E402
 
+from common import provenance  # noqa: E402
 from hpcai.launcher.site import DEFAULT_METADATA_OPS_PER_S, SiteProfile  # noqa: E402
 
 OLD_COMMIT = "5583ab8"        # main before plan-once-per-job (issue 18)
@@ -250,6 +249,7 @@ def main() -> int:
         return 0
     site = SiteProfile.load(args.site) if args.site else None
     rate = site.metadata_ops_per_s if site else DEFAULT_METADATA_OPS_PER_S
+    info = provenance()
     root = Path(tempfile.mkdtemp(prefix="hpcai-startup-"))
     try:
         bench = Bench(root, args.trials)
@@ -272,15 +272,9 @@ def main() -> int:
         result = {
             "benchmark": "startup",
             "provenance": {
-                "git_commit": _sh("git", "-C", str(REPO), "rev-parse", "HEAD"),
-                "git_dirty": bool(_sh("git", "-C", str(REPO), "status", "--porcelain")),
+                **info,
                 "old_commit": _sh("git", "-C", str(REPO), "rev-parse", args.old),
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds"),
-                "host": socket.gethostname(), "machine": platform.processor() or platform.machine(),
-                "cpus": os.cpu_count(), "kernel": platform.release(),
-                "python": platform.python_version(), "strace": _sh("strace", "-V"),
-                "open_mpi": _sh("mpirun.openmpi", "--version"),
+                "strace": _sh("strace", "-V"),
                 "slurm": _sh("dpkg-query", "-W", "-f", "${Package} ${Version}", "slurm-wlm"),
                 "shape": {"srun": f"{NODES} fake nodes x {PER_NODE} ranks",
                           "mpirun": f"{MPIRUN_RANKS} ranks, one node"},

@@ -17,12 +17,9 @@ current one.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +30,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from validate_controls import CONTROLS, HEALTHY, missing, run_scenario  # noqa: E402
 
-from common import loopback_env  # noqa: E402
+from common import first_line, loopback_env  # noqa: E402
+from common import provenance as common_provenance  # noqa: E402
 
 DEFAULT_IMAGE = Path(os.environ.get("HPCAI_IMAGE_DIR") or Path.home() / ".cache" / "hpcai"
                      / "images") / "hpcai-bookworm"
@@ -48,37 +46,14 @@ def image_env() -> dict[str, str]:
     return env
 
 
-def _first_line(argv: list[str], containing: str = "") -> str | None:
-    """The first output line of ``argv`` that contains ``containing``."""
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    except OSError:
-        return None
-    lines = [line.strip() for line in (out.stdout or out.stderr).splitlines()
-             if containing in line]
-    return lines[0] if lines else None
-
-
 def provenance(image: Path) -> dict:
-    commit = _first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "-uno"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    model = next((line.split(":", 1)[1].strip() for line in
-                  Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    """bench/common.py's provenance, plus MPICH, Charliecloud and the image's manifest."""
     manifest = json.loads((image / "opt" / "hpcai" / "manifest.json").read_text())
-    return {
-        "git_commit": commit, "git_dirty": bool(dirty),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(), "machine": model, "cpus": os.cpu_count(),
-        "kernel": platform.release(), "python": platform.python_version(),
-        "open_mpi": _first_line(["mpirun.openmpi", "--version"]),
-        "mpich": _first_line(["mpiexec.mpich", "--version"], "Version:"),
-        "charliecloud": _first_line(["ch-run", "--version"]),
-        "image": {"path": str(image), "mpi": manifest.get("mpi"),
-                  "packages": manifest.get("packages"), "layers": manifest.get("layers")},
-        "load_average_at_start": os.getloadavg(),
-    }
+    return dict(common_provenance(),
+                mpich=first_line(["mpiexec.mpich", "--version"], "Version:"),
+                charliecloud=first_line(["ch-run", "--version"]),
+                image={"path": str(image), "mpi": manifest.get("mpi"),
+                       "packages": manifest.get("packages"), "layers": manifest.get("layers")})
 
 
 def main() -> int:
