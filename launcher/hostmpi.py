@@ -15,6 +15,7 @@ import re
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -112,19 +113,24 @@ def _candidate_dirs(env: dict[str, str], launcher: str | None) -> list[tuple[str
     return out
 
 
-def _first_libmpi(directory: str, prefer: str | None) -> HostMpi | None:
+def libmpis_in(directory: str, prefer: str | None = None) -> Iterator[HostMpi]:
+    """The libmpi files in ``directory`` that identify, in :func:`abi.libmpi_names` order
+    (``prefer``'s family first); nothing when the directory cannot be listed."""
     try:
         present = os.listdir(directory)
     except OSError:
-        return None
+        return
     for name in abi.libmpi_names(present, prefer):
         candidate = os.path.join(directory, name)
         if os.path.isfile(candidate):
             try:
-                return identify_libmpi(candidate)
+                yield identify_libmpi(candidate)
             except (ValueError, OSError):
                 continue
-    return None
+
+
+def _first_libmpi(directory: str, prefer: str | None) -> HostMpi | None:
+    return next(libmpis_in(directory, prefer), None)
 
 
 def parse_ldconfig(output: str) -> dict[str, str]:

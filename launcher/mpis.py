@@ -71,19 +71,8 @@ class HostInstall:
 
 def _libs_in(directory: str) -> list[HostMpi]:
     """Every libmpi file in ``directory``, identified, one per ABI family."""
-    try:
-        present = os.listdir(directory)
-    except OSError:
-        return []
     found: dict[str, HostMpi] = {}
-    for name in abi.libmpi_names(present):
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
-            continue
-        try:
-            lib = hostmpi.identify_libmpi(path)
-        except (ValueError, OSError):
-            continue
+    for lib in hostmpi.libmpis_in(directory):
         found.setdefault(lib.family, lib)
     return list(found.values())
 
