@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Callable
 from ..core.errors import UserError
 from . import jobplan
 from .rankenv import from_environ
-from .site import SiteProfile
 
 if TYPE_CHECKING:
     import argparse
@@ -186,6 +185,8 @@ def _select_install(ns: argparse.Namespace) -> None:
     flavour and (unless ``--mpirun`` is given) the launcher."""
     from .abi import FLAVOURS
     from .mpis import discover, select
+
+    from .site import SiteProfile
 
     env = dict(os.environ)
     site = SiteProfile.load(ns.site) if ns.site else SiteProfile.from_env(env)

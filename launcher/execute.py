@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
@@ -17,14 +16,15 @@ if TYPE_CHECKING:
 def make_compat_links(links: tuple[tuple[str, str], ...]) -> None:
     """Create ``link -> target`` symlinks atomically (ranks may race to make them)."""
     for link, target in links:
-        path = Path(link)
-        if path.is_symlink() and os.readlink(path) == target:
+        if os.path.islink(link) and os.readlink(link) == target:
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.unlink(missing_ok=True)
+        parent, name = os.path.split(link)
+        os.makedirs(parent or ".", exist_ok=True)
+        tmp = os.path.join(parent, f".{name}.{os.getpid()}")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         os.symlink(target, tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, link)
 
 
 def apply_binding(cpus: tuple[int, ...] | None) -> tuple[set[int], set[int], str]:

@@ -2,14 +2,17 @@
 
 When mpirun, mpiexec or srun starts ``hpcai-launch`` as the per-rank wrapper, one rank per
 job plans: rank 0, or every node's local rank 0 where the job's identity is node-local
-(plain MPICH's Hydra outside Slurm). It gathers the facts as before (MPI, host libraries,
-staging) and writes a :class:`RankTemplate` - every local rank's binding and environment,
-the job-wide environment and the command - as one JSON file in the job directory
-(``HPCAI_JOB_DIR``, default ``<cache>/jobs``: under the home directory, so shared between
-the nodes at a site). Every other rank waits for that file (``HPCAI_PLAN_TIMEOUT`` seconds,
-default 120), checks its :class:`PlanKey` against itself, takes its local rank's entry and
-execs: no MPI detection, no ``ldconfig``, no library scans, and no import beyond this
-module, :mod:`.rankenv` and :mod:`.execute`.
+(plain MPICH's Hydra outside Slurm) or the job directory is (the site profile's
+``job_dir_scope = "node"``). It gathers the facts as before (MPI, host libraries, staging)
+and writes a :class:`RankTemplate` - every local rank's binding and environment, the
+job-wide environment and the command - as one JSON file in the job directory
+(:func:`job_dir`: ``HPCAI_JOB_DIR``, the site profile's ``job_dir``, or ``<cache>/jobs``,
+under the home directory and so shared between the nodes at a site), after removing plans
+older than a day (:func:`prune`). Every other rank waits for that file
+(``HPCAI_PLAN_TIMEOUT`` seconds, default 120), checks its :class:`PlanKey` against itself,
+takes its local rank's entry and execs: no MPI detection, no ``ldconfig``, no library
+scans, and no import beyond this module, :mod:`.rankenv`, :mod:`.execute`, ``json`` and
+``typing`` (``tomllib`` too with a site profile).
 
 A plan for another job, node list, world size, command line or directory, or one whose image,
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
@@ -24,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.errors import USAGE_EXIT, UserError
 from .rankenv import RankInfo, torch_env
@@ -32,6 +35,7 @@ from .rankenv import RankInfo, torch_env
 FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
 STALE_S = 120.0          # a plan older than this before the rank started is another job's
+KEEP_S = 86400.0         # planners remove plans older than this from the job directory
 NODE_MARK = "\0node\0"   # stands for the node rank in the template's argv (argv has no NUL)
 # Per launcher (RankInfo.started_by): variables equal on every rank of one launch and new
 # at the next one (srun's contact point; mpirun's URI and PMIx namespace; Hydra's id). A plan
@@ -46,8 +50,7 @@ ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "HOME", "XDG_CACHE_HOME", "MASTER_ADDR",
             "MPI_HOME", "MPI_ROOT", "MPICH_HOME", "OPAL_PREFIX")
 
 
-@dataclass(frozen=True)
-class PlanKey:
+class PlanKey(NamedTuple):
     """What a plan belongs to. ``files``: (role, path, identity) of the image, host MPI and
     staged libraries the plan uses; a rank re-reads only their ``stat``."""
 
@@ -62,16 +65,14 @@ class PlanKey:
     files: tuple[tuple[str, str, str], ...] = ()
 
 
-@dataclass(frozen=True)
-class RankEntry:
+class RankEntry(NamedTuple):
     """One local rank: its thread environment and CPU set (None: not bound)."""
 
     env: tuple[tuple[str, str], ...]
     bind_cpus: tuple[int, ...] | None
 
 
-@dataclass(frozen=True)
-class RankTemplate:
+class RankTemplate(NamedTuple):
     """Everything a rank of one node needs, the same for every node of the job."""
 
     ranks: tuple[RankEntry, ...]              # by local rank
@@ -80,8 +81,7 @@ class RankTemplate:
     compat_links: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
-class JobRole:
+class JobRole(NamedTuple):
     """This rank's part in planning: where the job's plan lives, and who writes it."""
 
     info: RankInfo
@@ -100,12 +100,16 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     head = argv[:argv.index("--")] if "--" in argv else argv
     if info is None or any(a in ("--dry-run", "-h", "--help") for a in head):
         return None
-    if not _writable(job_dir(env)):
+    where, scope = job_dir(env, head)
+    if not _writable(where):
         return None
-    node_scoped = info.job_key.startswith("hydra-ppid:")     # a node-local identity
-    name = info.job_key + (f"@{os.uname().nodename}" if node_scoped else "")
+    # a node-local identity (plain MPICH's Hydra outside Slurm) or a node-local job dir
+    node_scoped = info.job_key.startswith("hydra-ppid:") or scope == "node"
+    name = info.job_key
+    if node_scoped:
+        name += f"@{os.uname().nodename}" + (f"-{info.node_rank}" if scope == "node" else "")
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-    path = os.path.join(job_dir(env), f"plan-{safe}.json")
+    path = os.path.join(where, f"plan-{safe}.json")
     planner = info.local_rank == 0 if node_scoped else info.rank == 0
     plans_here = node_scoped or info.node_rank == 0
     launch = ";".join(f"{k}={env[k]}" for k in LAUNCH_KEYS[info.started_by] if k in env)
@@ -123,14 +127,48 @@ def _writable(path: str) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
-def job_dir(env: dict[str, str]) -> str:
-    """``HPCAI_JOB_DIR``, else ``jobs`` in hpcai's cache (``HPCAI_CACHE``, else
-    ``$XDG_CACHE_HOME/hpcai``, else ``~/.cache/hpcai``)."""
+def job_dir(env: dict[str, str], head: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
+    """(directory, scope) of the job's plan: ``HPCAI_JOB_DIR``, else the site profile's
+    ``job_dir`` (``--site`` in ``head``, else ``HPCAI_SITE``), else ``jobs`` in hpcai's cache
+    (``HPCAI_CACHE``, else ``$XDG_CACHE_HOME/hpcai``, else ``~/.cache/hpcai``). The scope
+    is the profile's ``job_dir_scope``: "shared" (default) or "node"."""
+    site_dir, scope = _site_job_dir(_site_path(env, head))
     if env.get("HPCAI_JOB_DIR"):
-        return env["HPCAI_JOB_DIR"]
+        return env["HPCAI_JOB_DIR"], scope
+    if site_dir:
+        return site_dir, scope
     cache = env.get("HPCAI_CACHE") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hpcai")
-    return os.path.join(cache, "jobs")
+    return os.path.join(cache, "jobs"), scope
+
+
+def _site_path(env: dict[str, str], head: list[str] | tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(head):
+        if arg == "--site" and i + 1 < len(head):
+            return head[i + 1]
+        if arg.startswith("--site="):
+            return arg.split("=", 1)[1]
+    return env.get("HPCAI_SITE") or None
+
+
+def _site_job_dir(path: str | None) -> tuple[str | None, str]:
+    """The site profile's ``job_dir`` ($VARS expanded) and ``job_dir_scope``, read without
+    :mod:`.site` (a rank imports no more than it needs). A value that :mod:`.site` would
+    refuse counts as unset here: the planning rank then says the error, at the default
+    place, where the other ranks look for it."""
+    if not path:
+        return None, "shared"
+    try:
+        import tomllib
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, ValueError, ImportError):
+        return None, "shared"
+    where = data.get("job_dir")
+    where = os.path.expandvars(where) if isinstance(where, str) else None
+    scope = data.get("job_dir_scope", "shared")
+    return (where if where and where.startswith("/") else None,
+            scope if scope in ("shared", "node") else "shared")
 
 
 def make_key(job: JobRole, env: dict[str, str], cwd: str,
@@ -158,7 +196,9 @@ def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 # --- writing (the planning rank) -------------------------------------------------------
 
 def write(path: str, key: PlanKey, template: RankTemplate) -> None:
-    """Write the plan atomically (readers never see half a file)."""
+    """Write the plan atomically (readers never see half a file), after removing the job
+    directory's plans older than :data:`KEEP_S` (:func:`prune`)."""
+    prune(os.path.dirname(path), time.time())
     _write(path, {"format": FORMAT, "written": time.time(), "key": _key_dict(key),
                   "template": {"ranks": [{"env": [list(kv) for kv in r.env],
                                           "bind_cpus": None if r.bind_cpus is None
@@ -166,6 +206,29 @@ def write(path: str, key: PlanKey, template: RankTemplate) -> None:
                                "env": [list(kv) for kv in template.env],
                                "argv": list(template.argv),
                                "compat_links": [list(x) for x in template.compat_links]}})
+
+
+def prune(directory: str, now: float, keep_s: float | None = None) -> list[str]:
+    """Remove ``plan-*`` files (and left-over temporaries) last written more than
+    ``keep_s`` (default :data:`KEEP_S`) before ``now``: every rank of their jobs has read
+    them long ago. Returns the names removed; a file another planner removed first, or
+    one this user cannot remove, is left to it."""
+    keep = KEEP_S if keep_s is None else keep_s
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith("plan-"):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime < now - keep:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+        except OSError:
+            continue
+    return removed
 
 
 def write_error(job: JobRole, exc: UserError) -> None:

@@ -9,7 +9,7 @@ turned into the variables ``torch.distributed``'s ``env://`` and Horovod read.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..slurm.nodelist import expand_hostlist, parse_tasks_per_node
 
@@ -18,8 +18,7 @@ PORT_SPAN = 12763    # a prime: every step multiplier below it permutes the port
 STEP_STRIDE = 7888   # round(PORT_SPAN / golden ratio): steps of nearby jobs land far apart
 
 
-@dataclass(frozen=True)
-class RankInfo:
+class RankInfo(NamedTuple):
     rank: int
     size: int
     local_rank: int

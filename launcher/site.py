@@ -13,6 +13,10 @@ threads_per_core = 2                 # integer: hardware threads per core (srun 
 memory_per_node_gb = 96              # number: usable memory per node (hpcai-launch predict)
 metadata_ops_per_s = 20000           # integer: the shared file system's metadata rate, for
                                      # bench/startup.py's start-up model (default 20000)
+job_dir = "/tmp/hpcai-jobs-$USER"    # where plan-once writes each job's plan (absolute;
+                                     # $VARS expanded; default ~/.cache/hpcai/jobs)
+job_dir_scope = "node"               # "shared" (default: one plan per job, by rank 0) or
+                                     # "node" (node-local: each node's local rank 0 plans)
 binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw]", absolute;
                                               # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
@@ -71,7 +75,10 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "network": ("network", '[network]\nlatency_us = 1.0\nbandwidth_gbit_s = 100\n'
                            'topology = "fat-tree"'),
     "metadata_ops_per_s": ("int", "metadata_ops_per_s = 20000"),
+    "job_dir": ("abspath", 'job_dir = "/tmp/hpcai-jobs-$USER"'),
+    "job_dir_scope": ("scope", 'job_dir_scope = "node"'),
 }
+JOB_DIR_SCOPES = ("shared", "node")
 TOPOLOGIES = ("fat-tree", "shared-host")
 
 
@@ -102,6 +109,8 @@ class SiteProfile:
     memory_per_node_gb: float | None = None
     network: NetworkSpec | None = None
     metadata_ops_per_s: int = DEFAULT_METADATA_OPS_PER_S
+    job_dir: str | None = None         # plan-once's job directory (:mod:`.jobplan` reads it)
+    job_dir_scope: str = "shared"
     path: str | None = None            # the file it was loaded from
 
     @classmethod
@@ -154,7 +163,8 @@ class SiteProfile:
                 "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core,
                 "memory_per_node_gb": self.memory_per_node_gb,
                 "network": None if self.network is None else asdict(self.network),
-                "metadata_ops_per_s": self.metadata_ops_per_s}
+                "metadata_ops_per_s": self.metadata_ops_per_s, "job_dir": self.job_dir,
+                "job_dir_scope": self.job_dir_scope}
 
 
 def _type_name(value: object) -> str:
@@ -197,6 +207,14 @@ def _check(key: str, value: object, path: str):
         return float(value)
     if kind == "network":
         return _check_network(value, path, example)
+    if kind == "abspath":
+        if not isinstance(value, str) or not os.path.expandvars(value).startswith("/"):
+            raise wrong("an absolute path (a string; $VARS are expanded)")
+        return value
+    if kind == "scope":
+        if value not in JOB_DIR_SCOPES:
+            raise wrong(" or ".join(repr(s) for s in JOB_DIR_SCOPES))
+        return value
     if kind == "list[path]":
         if not isinstance(value, list):
             raise wrong("an array of strings")

@@ -200,3 +200,87 @@ def test_startup_failed_planner_stops_the_others(tmp_path):
     second = run(["hpcai-launch", *bad], _rank_env(tmp_path, 3, job, node=1, **two),
                  cwd=tmp_path)
     assert second.returncode == 2 and second.stderr == "", second.stderr
+
+
+@pytest.mark.parametrize("cpus", ["same", "other"])
+def test_startup_node_with_another_cpu_count_plans_by_itself(tmp_path, cpus):
+    """The plan's CPU sets are the planning node's: a rank on a node with another number of
+    CPUs plans by itself (it imports the planner); with the same count (the control) it
+    runs from the plan and never imports it. Python's own import log tells which."""
+    job, path = _planned(tmp_path)
+    if cpus == "other":
+        data = json.loads(path.read_text())
+        data["key"]["cpus"] = (os.cpu_count() or 1) + 2
+        path.write_text(json.dumps(data))
+    result = run(["hpcai-launch", *OUT_ARGV],
+                 _rank_env(tmp_path, 1, job, PYTHONPROFILEIMPORTTIME="1"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1 1" in result.stdout
+    assert "hpcai.launcher.jobplan" in result.stderr
+    assert ("hpcai.launcher.plan\n" in result.stderr) == (cpus == "other"), result.stderr[-3000:]
+
+
+# --- where the plan lives: the site profile's job directory, and pruning -------------------
+
+def test_startup_site_profile_node_local_job_dir(tmp_path):
+    """``job_dir_scope = "node"``: each node's local rank 0 plans into the site's job_dir
+    (one plan per node, $VARS expanded), the other rank of each node runs from its node's
+    plan, and nothing goes to the cache's job directory."""
+    site = tmp_path / "site.toml"
+    site.write_text('job_dir = "$HPCAI_TEST_SCRATCH/hpcai-jobs"\njob_dir_scope = "node"\n')
+    two = {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "4",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "HPCAI_JOB_DIR": "",
+           "HPCAI_SITE": str(site), "HPCAI_TEST_SCRATCH": str(tmp_path / "scratch"),
+           "PYTHONPROFILEIMPORTTIME": "1", "HPCAI_PLAN_TIMEOUT": "20"}
+    job = _job(tmp_path)
+    planned = {}
+    for rank in range(4):
+        result = run(["hpcai-launch", *OUT_ARGV],
+                     _rank_env(tmp_path, rank, job, node=rank // 2, **two), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"rank {rank} 1" in result.stdout
+        planned[rank] = "hpcai.launcher.plan\n" in result.stderr
+    assert planned == {0: True, 1: False, 2: True, 3: False}
+    plans = sorted(p.name for p in (tmp_path / "scratch" / "hpcai-jobs").iterdir())
+    host = socket.gethostname()
+    assert plans == [f"plan-slurm_{job}.0_{host}-0.json", f"plan-slurm_{job}.0_{host}-1.json"]
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('job_dir = "relative/jobs"', "'job_dir' must be an absolute path"),
+    ('job_dir_scope = "rack"', "'job_dir_scope' must be 'shared' or 'node'"),
+])
+def test_startup_bad_job_dir_in_the_site_profile_is_an_error(tmp_path, bad, why):
+    """Said by the planning rank; the others stop with it (exit 2), nothing is started."""
+    site = tmp_path / "site.toml"
+    site.write_text(bad + "\n")
+    job = _job(tmp_path)
+    env = {"HPCAI_SITE": str(site), "HPCAI_PLAN_TIMEOUT": "20"}
+    first = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 0, job, **env), cwd=tmp_path)
+    assert first.returncode == 2 and why in first.stderr and "hint:" in first.stderr
+    assert "rank 0" not in first.stdout
+    other = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 1, job, **env), cwd=tmp_path)
+    assert other.returncode == 2 and "rank 1" not in other.stdout
+
+
+def test_startup_planner_prunes_old_plans(tmp_path):
+    """Plans (and left-over temporaries) older than a day go; a fresh one of another job,
+    the control, stays."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    old = [jobs / "plan-slurm_1.0.json", jobs / "plan-slurm_2.0.json.n1.77.tmp"]
+    fresh = jobs / "plan-slurm_3.0.json"
+    for path in (*old, fresh):
+        path.write_text("{}")
+    two_days_ago = time.time() - 2 * 86400
+    for path in old:
+        os.utime(path, (two_days_ago, two_days_ago))
+    other = jobs / "notes.txt"          # not hpcai's: never touched
+    other.write_text("x")
+    os.utime(other, (two_days_ago, two_days_ago))
+    job = _job(tmp_path)
+    first = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 0, job), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    left = sorted(p.name for p in jobs.iterdir())
+    assert left == sorted([fresh.name, f"plan-slurm_{job}.0.json", other.name])
