@@ -50,8 +50,44 @@ def _profile_lines(profiles: dict) -> list[str]:
     return lines
 
 
+def _startup_lines(data: dict) -> list[str]:
+    """``bench/startup.py``: the model per job size, the measured ranks, the targets."""
+    rate = data["metadata_ops_per_s"]
+    lines = [f"Metadata rate {rate:,} ops/s ({data['rate_source']}).", "",
+             "| ranks | design | shared metadata ops: wrapper's own | start-up | + hpcai's "
+             "install tree | start-up | + Python runtime | start-up |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for row in data["model"]:
+        lines.append(f"| {row['ranks']:,} | {row['design']} | "
+                     + " | ".join(f"{row['metadata_ops_' + k]:,} | {row['startup_s_' + k]:.1f} s"
+                                  for k in ("own", "with_install", "with_code")) + " |")
+    lines += ["", "| launcher | design | ranks | shared calls / rank (metadata) | hpcai + venv "
+              "calls (metadata) | Python runtime calls | all calls | CPU ms [min–max] | wall ms "
+              "| programs run |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for key, s in data["measured"].items():
+        launcher, design = key.split("/")
+        for who, w in s.items():
+            runtime = w["code_calls"]["median"] - w["install_calls"]["median"]
+            programs = ", ".join(p.rsplit("/", 1)[-1] for p in w["programs"]) or "-"
+            lines.append(
+                f"| {launcher} | {design} | {who} | {w['shared_calls']['median']:.0f} "
+                f"({w['shared_metadata']['median']:.0f}) | {w['install_calls']['median']:.0f} "
+                f"({w['install_metadata']['median']:.0f}) | {runtime:.0f} | "
+                f"{w['all_calls']['median']:.0f} | {1000 * w['cpu_s']['median']:.0f} "
+                f"[{1000 * w['cpu_s']['min']:.0f}–{1000 * w['cpu_s']['max']:.0f}] | "
+                f"{1000 * w['wall_s']['median']:.0f} | {programs} |")
+    lines += ["", "| target (new design, non-planning ranks) | launcher | measured | target "
+              "| verdict |", "|---|---|---:|---:|---|"]
+    for v in data["verdicts"]:
+        lines.append(f"| {v['what']} | {v['launcher']} | {v['value']:g} | ≤ {v['target']:g} "
+                     f"| {v['verdict']} |")
+    return lines
+
+
 def render_table(data: dict, name: str) -> str:
     """The Markdown of one result file's rows (or profile) and provenance."""
+    if data["benchmark"] == "startup":
+        return _render_tail(_startup_lines(data), [], data, name)
     if not data["rows"] and data["benchmark"].startswith("profile"):
         return _render_tail(_profile_lines(data["trials"]), [], data, name)
     lines = ["| ratio | median | min–max | 95 % interval of the median | trials per side "

@@ -18,7 +18,7 @@ one metadata server of ``metadata_ops_per_s`` (the site profile's, default 20000
 old = rank wall + N x ops/rank / rate; new = planner wall + planner ops / rate + rank wall +
 (N - 1) x ops/rank / rate. Arithmetic from measured per-rank figures, not a run at scale.
 
-    python bench/startup.py [--trials 3] [--old COMMIT] [--site FILE]
+    python bench/startup.py [--trials 5] [--old COMMIT] [--site FILE]
     python bench/startup.py --render bench/results/startup-<hostname>.json   # tables only
 
 writes ``bench/results/startup-<hostname>.json`` and prints the tables.
@@ -50,9 +50,11 @@ from hpcai.launcher.site import DEFAULT_METADATA_OPS_PER_S, SiteProfile  # noqa:
 OLD_COMMIT = "5583ab8"        # main before plan-once-per-job (issue 18)
 TRACE = str(REPO / "tests" / "startup_trace.py")
 MODEL_RANKS = (3072, 24576)
+TARGETS = {"shared_calls_per_rank": 20, "wrapper_cpu_ms_per_rank": 50}
 NODES, PER_NODE, MPIRUN_RANKS = 4, 4, 4
 SHARED = ("job dir", "hpcai cache", "image", "host MPI tree", "home")
-CODE = ("hpcai code", "python runtime")
+INSTALL = ("hpcai code", "venv")                # what hpcai's install puts on shared storage
+CODE = (*INSTALL, "python runtime")
 LIB = "/usr/lib/x86_64-linux-gnu/"
 HOST_MPI = tuple(LIB + d for d in (
     "openmpi", "ucx", "libibverbs", "pmix", "libmpi*", "libopen-*", "libpmix*", "libucp*",
@@ -110,12 +112,15 @@ class Bench:
         return env
 
     def places(self, pp: Path, tag: str) -> Places:
-        prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
-        prefixes |= {p for p in sys.path if "site-packages" in p}
+        venv = {sys.prefix, os.path.realpath(sys.prefix)}
+        prefixes = {os.path.realpath(sys.base_prefix), sys.base_prefix}
+        prefixes |= {p for p in sys.path if "site-packages" in p and
+                     not any(p.startswith(v + "/") for v in venv)}
         return Places((
             ("job dir", (str(self.root / f"jobs-{tag}"),)),
             ("hpcai cache", (str(self.root / f"cache-{tag}"),)),
             ("image", (str(self.image),)),
+            ("venv", tuple(sorted(venv))),
             ("hpcai code", (str(pp), os.path.realpath(pp / "hpcai"))),
             ("host MPI tree", HOST_MPI),
             ("python runtime", tuple(sorted(prefixes))),
@@ -180,6 +185,8 @@ def _summary(counts: dict, times: dict[int, list[dict]]) -> dict:
         out[who] = {
             "shared_calls": _stats([total(counts[r], SHARED, "calls") for r in ranks]),
             "shared_metadata": _stats([total(counts[r], SHARED, "metadata") for r in ranks]),
+            "install_calls": _stats([total(counts[r], INSTALL, "calls") for r in ranks]),
+            "install_metadata": _stats([total(counts[r], INSTALL, "metadata") for r in ranks]),
             "code_calls": _stats([total(counts[r], CODE, "calls") for r in ranks]),
             "code_metadata": _stats([total(counts[r], CODE, "metadata") for r in ranks]),
             "all_calls": _stats([sum(counts[r]["calls"].values()) for r in ranks]),
@@ -191,13 +198,15 @@ def _summary(counts: dict, times: dict[int, list[dict]]) -> dict:
 
 
 def model(summary: dict, design: str, rate: int) -> list[dict]:
-    """Shared metadata ops per job and the predicted start-up at ``rate`` ops/s, counting
-    the wrapper's own work, and the same with the code the interpreter loads."""
+    """Shared metadata ops per job and the predicted start-up at ``rate`` ops/s: the
+    wrapper's own work; with hpcai's install tree (package and venv) on shared storage too;
+    and with the Python runtime as well."""
     r0, rest = summary["rank 0"], summary["other ranks"]
     rows = []
     for n in MODEL_RANKS:
         row = {"ranks": n, "design": design}
-        for label, extra in (("own", ()), ("with_code", ("code_metadata",))):
+        for label, extra in (("own", ()), ("with_install", ("install_metadata",)),
+                             ("with_code", ("code_metadata",))):
             def ops(who: dict) -> float:
                 return who["shared_metadata"]["median"] + sum(who[k]["median"] for k in extra)
             if design == "old":
@@ -213,33 +222,30 @@ def model(summary: dict, design: str, rate: int) -> list[dict]:
     return rows
 
 
+def verdicts(measured: dict, targets: dict) -> list[dict]:
+    """Each target against the new design's non-planning ranks, per launcher: met when
+    the worst rank (calls) or the median trial (CPU) is within it."""
+    out = []
+    for launcher in ("srun", "mpirun"):
+        w = measured[f"{launcher}/new"]["other ranks"]
+        checks = (("shared file-system calls per rank (wrapper's own work), worst rank",
+                   w["shared_calls"]["max"], targets["shared_calls_per_rank"]),
+                  ("wrapper CPU ms per rank, median",
+                   round(1000 * w["cpu_s"]["median"], 1), targets["wrapper_cpu_ms_per_rank"]))
+        for what, value, target in checks:
+            out.append({"launcher": launcher, "what": what, "value": value, "target": target,
+                        "verdict": "met" if value <= target else "missed"})
+    return out
+
+
 def render(result: dict) -> str:
-    lines = [f"metadata rate {result['metadata_ops_per_s']} ops/s ({result['rate_source']})",
-             "", "| ranks | design | shared metadata ops (wrapper's own) | start-up | "
-             "with code loading | start-up |", "|---:|---|---:|---:|---:|---:|"]
-    for row in result["model"]:
-        lines.append(f"| {row['ranks']:,} | {row['design']} | {row['metadata_ops_own']:,} | "
-                     f"{row['startup_s_own']:.1f} s | {row['metadata_ops_with_code']:,} | "
-                     f"{row['startup_s_with_code']:.1f} s |")
-    lines += ["", "| launcher | design | ranks | shared calls / rank (metadata) | code calls "
-              "(metadata) | all calls | CPU ms | wall ms | programs run |",
-              "|---|---|---|---:|---:|---:|---:|---:|---|"]
-    for key, s in result["measured"].items():
-        launcher, design = key.split("/")
-        for who, w in s.items():
-            lines.append(
-                f"| {launcher} | {design} | {who} | {w['shared_calls']['median']:.0f} "
-                f"({w['shared_metadata']['median']:.0f}) | {w['code_calls']['median']:.0f} "
-                f"({w['code_metadata']['median']:.0f}) | {w['all_calls']['median']:.0f} | "
-                f"{1000 * w['cpu_s']['median']:.0f} [{1000 * w['cpu_s']['min']:.0f}-"
-                f"{1000 * w['cpu_s']['max']:.0f}] | {1000 * w['wall_s']['median']:.0f} | "
-                f"{', '.join(os.path.basename(p) for p in w['programs']) or '-'} |")
-    return "\n".join(lines)
+    from render import render_table
+    return render_table(result, "startup-<host>.json")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--trials", type=int, default=5)
     p.add_argument("--old", default=OLD_COMMIT)
     p.add_argument("--site", help="site profile: its metadata_ops_per_s")
     p.add_argument("--render", metavar="JSON", help="print the tables of a result file only")
@@ -287,7 +293,12 @@ def main() -> int:
             "metadata_ops_per_s": rate,
             "rate_source": f"site profile {args.site}" if args.site else
                            "default (no site profile)",
-            "targets": {"shared_calls_per_rank": 20, "wrapper_cpu_ms_per_rank": 50},
+            "targets": TARGETS,
+            "verdicts": verdicts(measured, TARGETS),
+            "settings": {"srun": f"{NODES} fake nodes x {PER_NODE} ranks",
+                         "mpirun": f"{MPIRUN_RANKS} ranks", "timed trials per side":
+                         args.trials, "order": "alternating", "old": args.old},
+            "trials": {k: v["other ranks"]["cpu_s"]["n"] for k, v in measured.items()},
             "measured": measured,
             "model": [*model(srun["old"], "old", rate), *model(srun["new"], "new", rate)],
             "per_rank_counts": raw,
@@ -296,7 +307,7 @@ def main() -> int:
         out = REPO / "bench" / "results" / f"startup-{socket.gethostname()}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(render(result))
-        print(f"\nwritten: {out}")
+        print(f"\nwritten: {out} (python bench/render.py puts it into README.md)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
