@@ -82,7 +82,8 @@ def _tree(ref: str, root: Path) -> Path:
 def _importable(tree: Path, pp: Path) -> Path:
     pp.mkdir()
     (pp / "hpcai").symlink_to(tree)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True,
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-x", r"/\.venv/|/\.git/",
+                    str(tree)], check=True,
                    capture_output=True)
     where = subprocess.run([sys.executable, "-c", "import hpcai; print(hpcai.__file__)"],
                            env={**os.environ, "PYTHONPATH": str(pp)}, capture_output=True,
