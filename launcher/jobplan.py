@@ -267,7 +267,7 @@ def wait(path: str, started: float, timeout: float, launch: str) -> dict:
     """The plan at ``path`` once a fresh one is there: of this ``launch``, written at most
     :data:`STALE_S` before ``started``. UserError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    delay = 0.05
+    delay = 0.1
     stale: float | None = None
     while True:
         try:
@@ -285,7 +285,7 @@ def wait(path: str, started: float, timeout: float, launch: str) -> dict:
         if time.monotonic() >= deadline:
             raise _timeout_error(path, timeout, stale)
         time.sleep(delay)
-        delay = min(delay * 2, 0.5)     # few polls of the shared directory, <= 0.5 s late
+        delay = min(delay * 2, 1.0)     # few polls of the shared directory, <= 1 s late
 
 
 def _read(path: str) -> bytes:
