@@ -53,7 +53,7 @@ def _profile_lines(profiles: dict) -> list[str]:
 def _startup_lines(data: dict) -> list[str]:
     """``bench/startup.py``: the model per job size, the measured ranks, the targets."""
     rate = data["metadata_ops_per_s"]
-    lines = [f"Metadata rate {rate:,} ops/s ({data['rate_source']}).", "",
+    lines = [f"Metadata rate {rate:,} ops/s: {data['rate_source']}.", "",
              "| ranks | design | shared metadata ops: wrapper's own | start-up | + hpcai's "
              "install tree | start-up | + Python runtime | start-up |",
              "|---:|---|---:|---:|---:|---:|---:|---:|"]

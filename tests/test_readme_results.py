@@ -24,6 +24,7 @@ import render  # noqa: E402
 README = (REPO / "README.md").read_text()
 RESULTS = REPO / "bench" / "results"
 BLOCKS = render.BLOCK.findall(README)
+RATIO_BLOCKS = [b for b in BLOCKS if b[1] != "startup"]     # ratio rows (bench/common.py)
 PROVENANCE = ("git_commit", "date", "machine", "cpus", "open_mpi", "threads_env", "packages",
               "load_average_at_start", "load_average_at_end")
 
@@ -44,7 +45,7 @@ def test_rendered_files_carry_provenance_and_trials(name):
     assert not missing, f"{name} lacks provenance {missing}"
     assert data["trials"] and data["settings"]
     verdicts = ("met", "missed", "unresolved", "invalid")
-    for row in data["rows"]:
+    for row in data.get("rows", []):
         if row["stats"] is not None:
             assert row["stats"]["n"] >= 1 and row["verdict"] in verdicts
 
@@ -53,7 +54,7 @@ def _doctored_copy(tmp_path: Path) -> Path:
     """A copy of the results in which the first measured row's median is changed."""
     out = tmp_path / "results"
     shutil.copytree(RESULTS, out)
-    path = out / render.newest(BLOCKS[0][1], RESULTS).name
+    path = out / render.newest(RATIO_BLOCKS[0][1], RESULTS).name
     data = json.loads(path.read_text())
     row = next(r for r in data["rows"] if r["stats"] is not None)
     row["stats"]["median"] += 0.01
@@ -66,11 +67,28 @@ def test_negative_control_doctored_json_is_caught(tmp_path):
 
 
 def test_negative_control_doctored_readme_is_caught():
-    block = BLOCKS[0][2]
+    block = RATIO_BLOCKS[0][2]
     number = re.search(r"\d\.\d{3}", block).group(0)
     doctored = README.replace(block, block.replace(number, "9.999", 1), 1)
     assert doctored != README
     assert render.render_readme(doctored, RESULTS) != doctored
+
+
+def test_startup_block_is_its_json_and_a_doctored_one_is_caught(tmp_path):
+    """The start-up tables (bench/startup.py's own layout) follow the JSON too: a changed
+    per-rank count or verdict in a copy of the file changes the rendered block."""
+    assert "startup" in {name for _, name, _, _ in BLOCKS}
+    out = tmp_path / "results"
+    shutil.copytree(RESULTS, out)
+    path = out / render.newest("startup", RESULTS).name
+    data = json.loads(path.read_text())
+    data["measured"]["srun/new"]["other ranks"]["shared_calls"]["median"] += 100
+    data["verdicts"][0]["verdict"] = "missed"
+    path.write_text(json.dumps(data))
+    doctored = render.render_readme(README, out)
+    assert doctored != README
+    block = render.BLOCK.search(doctored[doctored.index("<!-- results:startup"):]).group(3)
+    assert "| missed |" in block
 
 
 def test_negative_control_block_without_file_fails(tmp_path):
