@@ -16,6 +16,7 @@ It passes when, for every seed,
 
     python bench/learning.py [--seeds 1,2,3] [--epochs 6] [--max-steps 16] [--events 1024]
                              [--batch-size 4] [--validate-events 128] [--json PATH]
+                             [--train-arg=--optimizer --train-arg=rmsprop ...]
 
 Run it on an otherwise idle machine. Expected duration with the defaults (an estimate, not a
 full run: a 2-rank step of batch 2 per rank took about 2.1 s in this machine's smoke runs, so
@@ -54,7 +55,7 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             str(args.events), "--seed", str(seed), "--epochs", str(args.epochs),
             "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
             "--validate-every", "1", "--validate-events", str(args.validate_events),
-            "--eval-samples", "0", "--out", str(out)]
+            "--eval-samples", "0", "--out", str(out), *args.train_args]
     print("$ " + " ".join(argv), flush=True)
     start = time.monotonic()
     result = subprocess.run(argv, env=loopback_env(), text=True, timeout=args.timeout)
@@ -124,6 +125,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--validate-events", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=3600, help="per seed (s)")
+    parser.add_argument("--train-arg", dest="train_args", action="append", default=[],
+                        metavar="ARG", help="passed on to train 3dgan, e.g. "
+                        "--train-arg=--optimizer --train-arg=rmsprop (repeatable)")
     parser.add_argument("--json", default=None,
                         help="default bench/results/learning-HOST.json")
     args = parser.parse_args()
@@ -146,7 +150,7 @@ def main() -> int:
         "benchmark": "learning", "provenance": info,
         "budget": {"ranks": args.ranks, "epochs": args.epochs, "steps_per_epoch": args.max_steps,
                    "batch_per_rank": args.batch_size, "training_events": args.events,
-                   "validate_events": args.validate_events},
+                   "validate_events": args.validate_events, "train_args": args.train_args},
         "wall_time_s": round(time.monotonic() - start, 1), "seeds": seeds,
         "criteria": {"sampling_fraction_tolerance": SAMPLING_FRACTION_TOLERANCE,
                      "distance_fall": DISTANCE_FALL},
