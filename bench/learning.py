@@ -44,7 +44,7 @@ from common import loopback_env, provenance
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ("profile_distance_x", "profile_distance_y", "profile_distance_z",
            "sampling_fraction_worst_rel_diff", "hits_worst_rel_diff", "aux_mape_real",
-           "aux_mape_gen")
+           "aux_mape_gen", "gen_empty_fraction")
 SAMPLING_FRACTION_TOLERANCE = 0.15
 DISTANCE_FALL = 0.5
 

@@ -89,6 +89,9 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
         port = _free_port(socket)
     cache_dir = env.get("HPCAI_CACHE", os.path.join(
         env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai"))
+    stage_root = cache_dir
+    if site is not None and site.job_dir and site.job_dir_scope == "node":
+        stage_root = os.path.expandvars(site.job_dir)   # node-local: no shared copy
     container = None
     if options.container and options.runtime != "none":
         from . import containerplan
@@ -99,7 +102,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
             site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
             family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
-            srun_pmi=srun_pmi, cache_dir=cache_dir,
+            srun_pmi=srun_pmi, cache_dir=stage_root,
             in_rank=info is not None, command=options.command[0] if options.command else None,
             stage=stage, argv=options.command)
     kills = None

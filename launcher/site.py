@@ -16,7 +16,8 @@ metadata_ops_per_s = 20000           # integer: the shared file system's metadat
 job_dir = "/tmp/hpcai-jobs-$USER"    # where plan-once writes each job's plan (absolute;
                                      # $VARS expanded; default ~/.cache/hpcai/jobs)
 job_dir_scope = "node"               # "shared" (default: one plan per job, by rank 0) or
-                                     # "node" (node-local: each node's local rank 0 plans)
+                                     # "node" (node-local: each node's local rank 0 plans,
+                                     # and stages the host libraries under job_dir too)
 binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw]", absolute;
                                               # read-only unless ":rw" (a writable work tree)
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)

@@ -140,3 +140,13 @@ def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: " in err and "physics.json" in err and "hint: " in err
+
+
+def test_empty_generated_showers_are_counted():
+    """A collapsed generator (all-zero showers) shows as gen_empty_fraction 1; identical
+    showers, the control, as 0."""
+    x = _lateral_gauss(ENERGIES)
+    real = physics.summarise(x, ENERGIES)
+    empty = physics.summarise(np.zeros_like(x), ENERGIES)
+    assert physics.compare(real, empty, epoch=0).summary()["gen_empty_fraction"] == 1.0
+    assert physics.compare(real, real, epoch=0).summary()["gen_empty_fraction"] == 0.0

@@ -284,3 +284,29 @@ def test_startup_planner_prunes_old_plans(tmp_path):
     assert first.returncode == 0, first.stderr
     left = sorted(p.name for p in jobs.iterdir())
     assert left == sorted([fresh.name, f"plan-slurm_{job}.0.json", other.name])
+
+
+def test_startup_node_local_job_dir_stages_the_host_libraries_there(tmp_path):
+    """A container job with ``job_dir_scope = "node"``: the planning rank stages the host
+    MPI under the site's job_dir, not in hpcai's cache (the control: the same job without
+    the site profile stages in the cache). ch-run is /bin/true: the work ends at the exec."""
+    image = _image(tmp_path / "img")
+    runtime = _fake_runtime(tmp_path)
+    argv = ["--oversubscribe", "--container", str(image), "--", "python3", "-c", "pass"]
+    site = tmp_path / "site.toml"
+    site.write_text(f'job_dir = "{tmp_path}/local"\njob_dir_scope = "node"\n')
+    for with_site in (False, True):
+        cache = tmp_path / f"cache-{with_site}"
+        extra = {"HPCAI_CACHE": str(cache), "HPCAI_JOB_DIR": ""}
+        if with_site:
+            extra["HPCAI_SITE"] = str(site)
+        env = _rank_env(tmp_path, 0, _job(tmp_path) + str(int(with_site)), **extra)
+        env["PATH"] = f"{runtime}:{env['PATH']}"
+        result = run(["hpcai-launch", *argv], env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        in_cache = list(cache.glob("hostlibs/*/lib/libmpi.so*"))
+        in_site = list((tmp_path / "local").glob("hostlibs/*/lib/libmpi.so*"))
+        if with_site:
+            assert in_site and not in_cache, (in_site, in_cache)
+        else:
+            assert in_cache and not in_site, (in_site, in_cache)

@@ -163,12 +163,13 @@ class Validation:
     aux_mape_real: float | None
     aux_mape_gen: float | None
     outside_bins: int = 0   # events whose energy lies outside every bin
+    gen_empty_fraction: float = 0.0   # generated showers without a cell above threshold
 
     def summary(self) -> dict[str, float]:
         """Flat numbers for the epoch record: the event-weighted mean profile distance per
         axis, the largest |sampling fraction gen/real - 1| over the bins, the same for hits,
-        and the discriminator's MAPE on real and on generated showers (None values left
-        out)."""
+        the discriminator's MAPE on real and on generated showers, and the share of empty
+        generated showers (a collapsed generator's sign; None values left out)."""
         out: dict[str, float | None] = {"events": float(self.events)}
         filled = [b for b in self.bins if b.events]
         for a, axis in enumerate(AXES):
@@ -182,6 +183,7 @@ class Validation:
             values = [abs(getattr(b, attr)) for b in filled if getattr(b, attr) is not None]
             out[key] = max(values) if values else None
         out["aux_mape_real"], out["aux_mape_gen"] = self.aux_mape_real, self.aux_mape_gen
+        out["gen_empty_fraction"] = self.gen_empty_fraction
         return {k: round(float(v), 6) for k, v in out.items() if v is not None}
 
     def to_dict(self) -> dict:
@@ -216,4 +218,6 @@ def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
     return Validation(epoch=epoch, events=int(inside.sum()), threshold_gev=threshold,
                       bins=tuple(bins), aux_mape_real=mape(real_in.aux, real_in.energy_gev),
                       aux_mape_gen=mape(gen_in.aux, gen_in.energy_gev),
-                      outside_bins=int((~inside).sum()))
+                      outside_bins=int((~inside).sum()),
+                      gen_empty_fraction=(float((gen_in.hits == 0).mean()) if len(gen_in)
+                                          else 0.0))
