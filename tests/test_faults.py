@@ -118,10 +118,12 @@ def test_a_frozen_rank_ends_the_job_within_the_bound_and_is_named(stopped, tmp_p
     waits = re.search(r"rank (\d) waits in ([a-z ]+) of step (\d+)", text)
     assert waits and int(waits[1]) == 1 - stopped, text[-3000:]
     # the step named is the one last heard, never ahead of the step the other rank waits in
-    # (past the first checkpoint, step 49). How far behind depends on how often the heartbeat
-    # thread got a core: with both ranks busy-polling in MPI on 2 cores, CI saw it 13-15 steps
-    # (< 1 s) behind. It stays within the epoch: a stale "start" beat would say step 0.
-    assert 49 <= int(waits[3]) and 0 <= int(waits[3]) - int(found[2]) < 32, text[-3000:]
+    # (past the first checkpoint, step 49), and past a stale "start" beat (step 0). How far
+    # behind it is depends on how often the heartbeat thread got a core: with both ranks
+    # busy-polling in MPI on 2 cores, CI saw it 13-15 steps behind, and a full suite on this
+    # machine once 42 steps (step 14 named while the other rank waited in step 56; "last
+    # heard 20 s ago" said so). No bound on that lag is claimed.
+    assert 49 <= int(waits[3]) and 1 <= int(found[2]) <= int(waits[3]), text[-3000:]
     assert "frozen or its node hung" in text and f"pid {pids[stopped]}" in text
 
 
