@@ -44,7 +44,7 @@ from localcluster import LocalCluster  # noqa: E402
 from startup_trace import Places, parse  # noqa: E402
 from test_startup import _image  # noqa: E402
 
-from common import provenance  # noqa: E402
+from common import alternating_order, provenance  # noqa: E402
 from hpcai.launcher.site import DEFAULT_METADATA_OPS_PER_S, SiteProfile  # noqa: E402
 
 OLD_COMMIT = "5583ab8"        # main before plan-once-per-job (issue 18)
@@ -94,9 +94,8 @@ def _importable(tree: Path, pp: Path) -> Path:
 
 
 class Bench:
-    def __init__(self, root: Path, trials: int) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.trials = trials
         self.image = _image(root / "img")
         fake = root / "fakebin"
         fake.mkdir()
@@ -259,7 +258,7 @@ def main() -> int:
     info = provenance()
     root = Path(tempfile.mkdtemp(prefix="hpcai-startup-"))
     try:
-        bench = Bench(root, args.trials)
+        bench = Bench(root)
         trees = {"old": _tree(args.old, root),
                  "new": _importable(REPO, root / "pp-new")}
         measured, raw = {}, {}
@@ -268,10 +267,8 @@ def main() -> int:
                 counts = {d: _counts(bench.run(launcher, cluster, pp, d, "trace", n),
                                      bench.places(pp, d), n) for d, pp in trees.items()}
                 outs: dict[str, list[Path]] = {d: [] for d in trees}
-                for trial in range(args.trials):
-                    order = ("old", "new") if trial % 2 == 0 else ("new", "old")
-                    for d in order:
-                        outs[d].append(bench.run(launcher, cluster, trees[d], d, "time", n))
+                for d in alternating_order(list(trees), args.trials):
+                    outs[d].append(bench.run(launcher, cluster, trees[d], d, "time", n))
                 for d in trees:
                     measured[f"{launcher}/{d}"] = _summary(counts[d], _times(outs[d], n))
                     raw[f"{launcher}/{d}"] = counts[d]
@@ -283,10 +280,7 @@ def main() -> int:
                 "old_commit": _sh("git", "-C", str(REPO), "rev-parse", args.old),
                 "strace": _sh("strace", "-V"),
                 "slurm": _sh("dpkg-query", "-W", "-f", "${Package} ${Version}", "slurm-wlm"),
-                "shape": {"srun": f"{NODES} fake nodes x {PER_NODE} ranks",
-                          "mpirun": f"{MPIRUN_RANKS} ranks, one node"},
                 "load_average_at_end": os.getloadavg(),
-                "trials": args.trials, "alternating": True,
                 "workload": "charliecloud container job, host Open MPI found, collected and "
                             "staged by the planning rank(s); ch-run replaced by /bin/true",
             },
@@ -297,8 +291,9 @@ def main() -> int:
             "targets": TARGETS,
             "verdicts": verdicts(measured, TARGETS),
             "settings": {"srun": f"{NODES} fake nodes x {PER_NODE} ranks",
-                         "mpirun": f"{MPIRUN_RANKS} ranks", "timed trials per side":
-                         args.trials, "order": "alternating", "old": args.old},
+                         "mpirun": f"{MPIRUN_RANKS} ranks, one node",
+                         "timed trials per side": args.trials,
+                         "order": "alternating (A B B A ...)", "old": args.old},
             "trials": {k: v["other ranks"]["cpu_s"]["n"] for k, v in measured.items()},
             "measured": measured,
             "model": [*model(srun["old"], "old", rate), *model(srun["new"], "new", rate)],
