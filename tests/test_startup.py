@@ -109,6 +109,11 @@ def _rank_env(tmp_path: Path, rank: int, job: str, node: int = 0, **extra: str) 
     return env
 
 
+# an srun step of 2 nodes x 2 ranks (rank r on node r // 2)
+TWO_NODES = {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "4",
+             "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+
+
 def _job(tmp_path: Path) -> str:
     return str(abs(hash(str(tmp_path))) % 10**6 + 1000)
 
@@ -185,8 +190,7 @@ def test_startup_failed_planner_stops_the_others(tmp_path):
     """Said once per node, as before: by the planning rank on its node, by local rank 0 on
     each other node; the others stop silently."""
     job = _job(tmp_path)
-    two = {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "4",
-           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "HPCAI_PLAN_TIMEOUT": "5"}
+    two = {**TWO_NODES, "HPCAI_PLAN_TIMEOUT": "5"}
     bad = ["--ranks-per-node", "3", *OUT_ARGV]
     first = run(["hpcai-launch", *bad], _rank_env(tmp_path, 0, job, **two), cwd=tmp_path)
     assert first.returncode == 2 and "error: srun started 2 task(s)" in first.stderr
@@ -247,10 +251,9 @@ def test_startup_site_profile_node_local_job_dir(tmp_path):
     plan, and nothing goes to the cache's job directory."""
     site = tmp_path / "site.toml"
     site.write_text('job_dir = "$HPCAI_TEST_SCRATCH/hpcai-jobs"\njob_dir_scope = "node"\n')
-    two = {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_TASKS": "4",
-           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "HPCAI_JOB_DIR": "",
-           "HPCAI_SITE": str(site), "HPCAI_TEST_SCRATCH": str(tmp_path / "scratch"),
-           "PYTHONPROFILEIMPORTTIME": "1", "HPCAI_PLAN_TIMEOUT": "20"}
+    two = {**TWO_NODES, "HPCAI_JOB_DIR": "", "HPCAI_SITE": str(site),
+           "HPCAI_TEST_SCRATCH": str(tmp_path / "scratch"), "PYTHONPROFILEIMPORTTIME": "1",
+           "HPCAI_PLAN_TIMEOUT": "20"}
     job = _job(tmp_path)
     planned = {}
     for rank in range(4):
@@ -258,7 +261,7 @@ def test_startup_site_profile_node_local_job_dir(tmp_path):
                      _rank_env(tmp_path, rank, job, node=rank // 2, **two), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"rank {rank} 1" in result.stdout
-        planned[rank] = "hpcai.launcher.plan\n" in result.stderr
+        planned[rank] = "hpcai.launcher.plan" in _wrapper_imports(result.stderr)
     assert planned == {0: True, 1: False, 2: True, 3: False}
     plans = sorted(p.name for p in (tmp_path / "scratch" / "hpcai-jobs").iterdir())
     host = socket.gethostname()
