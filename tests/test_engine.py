@@ -85,3 +85,41 @@ def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(tmp_path)
     result = run(["hpcai-launch", "-N", "2", "--", "python", str(script)], base_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("caught:") == 2 and "diverged" in result.stdout
+
+
+class _NoTransport:
+    """Two ranks' worth of bookkeeping without communication (layout tests only)."""
+
+    name, size = "none", 2
+
+
+def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
+    """Every bucket of a dtype is a slice of one buffer, and each gradient (channels-last
+    convolutions at non-zero offsets included) is a view that backward fills in place:
+    the grads equal those of the same model without the engine. The control is the same
+    comparison against a model that computed a different batch."""
+    import torch
+
+    from hpcai.training.allreduce import GradAllreducer
+
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(   # noqa: E731
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5)).to(memory_format=torch.channels_last)
+    model, plain, other = make(), make(), make()
+    plain.load_state_dict(model.state_dict())
+    other.load_state_dict(model.state_dict())
+    reducer = GradAllreducer(model, _NoTransport(), bucket_mb=0.001, overlap=False)
+    assert len(reducer.buckets) > 2
+    storages = {b.flat.untyped_storage().data_ptr() for b in reducer.buckets}
+    assert len(storages) == 1
+    x = torch.randn(4, 3, 8, 8).to(memory_format=torch.channels_last)
+    for m, batch in ((model, x), (plain, x), (other, x + 1)):
+        m(batch).square().sum().backward()
+    for bucket in reducer.buckets:
+        for p, view in zip(bucket.params, bucket.views):
+            assert p.grad.data_ptr() == view.data_ptr()
+    grads = [p.grad for p in model.parameters()]
+    assert all(torch.equal(g, q.grad) for g, q in zip(grads, plain.parameters()))
+    assert not all(torch.equal(g, q.grad) for g, q in zip(grads, other.parameters()))
+    reducer.close()
