@@ -11,9 +11,11 @@ the same bytes, reduced by one ``MPI_Allreduce`` of the whole buffer or by conse
 median) is the baseline. Trials alternate fused / raw (A B B A ...), the first round is
 warm-up. Row: raw time ÷ fused time = fused bandwidth ÷ raw bandwidth (target >= 0.95).
 Each fused side has its own copy of the model (a gradient is a view into one reducer's
-bucket). Two diagnostic sides, never baselines, say where a gap goes: the engine's
-averaging pass alone (``div_`` of the buckets), and raw ``MPI_Iallreduce`` of 4 MB chunks,
-all started, then one ``Waitall``; each row's note gives their medians.
+bucket). Three diagnostic sides, never baselines, say where a gap goes: the engine's
+averaging pass alone (``div_`` of the buckets); raw ``MPI_Iallreduce`` of 4 MB chunks, all
+started, then one ``Waitall``; and ``MPI_Allreduce`` of the engine's bucket sizes in separate
+``torch.zeros`` buffers, as the engine allocated them before it took one numpy allocation
+(which Linux backs with transparent huge pages). Each row's note gives their medians.
 
     python bench/allreduce_bw.py [--trials 20] [--chunks 1,4,16,64]  (launches itself, 2 ranks)
 """
@@ -36,6 +38,7 @@ TARGET = 0.95
 # measured beside the sides, to explain the gap; never a baseline
 DIAG_AVERAGING = "diag: averaging pass alone"
 DIAG_IALLREDUCE = "diag: raw MPI_Iallreduce, 4 MB chunks, all started then Waitall"
+DIAG_SMALL_PAGES = "diag: raw MPI_Allreduce of the bucket sizes in torch.zeros buffers"
 
 
 def _as_rank(trials: int, chunks_mb: list[float]) -> int:
@@ -88,8 +91,15 @@ def _as_rank(trials: int, chunks_mb: list[float]) -> int:
                         for lo in range(0, raw.size, chunk)]
             MPI.Request.Waitall(requests)
 
+        small_pages = [torch.zeros(b.flat.numel()).numpy() for b in blocking.buckets]
+
+        def raw_small_pages() -> None:   # the engine before it allocated through numpy
+            for buffer in small_pages:
+                comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
         sides = {"fused": reducer.synchronize, "fused blocking": blocking.synchronize,
-                 **settings, DIAG_AVERAGING: averaging, DIAG_IALLREDUCE: raw_nonblocking}
+                 **settings, DIAG_AVERAGING: averaging, DIAG_IALLREDUCE: raw_nonblocking,
+                 DIAG_SMALL_PAGES: raw_small_pages}
         values: dict[str, list[float]] = {s: [] for s in sides}
         for s in sides:   # warm-up round
             timed(sides[s])
@@ -140,7 +150,9 @@ def main() -> int:
                  f"raw MPI_Iallreduce of 4 MB chunks {ms[DIAG_IALLREDUCE]}"),
                 ("fused blocking", "blocking, Allreduce", "")):
             note = (f"medians: best raw {ms[best]}, fused {ms[fused]}; of the fused time the "
-                    f"averaging pass alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else ""))
+                    f"averaging pass alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else "")
+                    + f"; for scale, the same bucket sizes in separate torch allocations "
+                    f"(no huge pages) {ms[DIAG_SMALL_PAGES]}")
             rows.append(Row.measured(
                 f"allreduce-{name}-{fused.replace(' ', '-')}",
                 f"{name} gradients ({r['bytes'] / 1e6:.1f} MB, {r['buckets']} bucket(s), "
