@@ -144,11 +144,15 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
                               a - b for a, b in zip(slowest["synced"], slowest["local"])),
                           "steps_s": slowest, "threads": torch.get_num_threads(),
                           "rank0_thread_cpu_s": [t for t in threads if t[1] > 0]}))
-    # end as the users' scripts end: without it gloo's thread can outlive the interpreter
-    # (seen: SIGABRT in ProcessGroupGloo::runLoop at exit)
     if side.startswith("ddp"):
-        dist.destroy_process_group()
-    elif side == "horovod":
+        # gloo's threads and interpreter exit raced here: once SIGABRT in
+        # ProcessGroupGloo::runLoop at exit, once (with destroy_process_group) a job that
+        # never ended. The steps are measured; end the process without tearing gloo down.
+        sys.stdout.flush()
+        comm.Barrier()
+        MPI.Finalize()
+        os._exit(0)
+    if side == "horovod":
         hvd.shutdown()
     return 0
 

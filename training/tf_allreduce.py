@@ -58,12 +58,23 @@ class TfGradAllreducer:
         dtypes = [_numpy_dtype(v) for v in variables]
         groups = plan_buckets([_numel(v.shape) * d.itemsize for v, d in zip(variables, dtypes)],
                               dtypes, limit)
+        # one allocation per dtype, each bucket a slice: numpy asks for transparent huge pages
+        # on large arrays, and a bucket under 4 MiB would not get them on its own (see
+        # allreduce._arenas)
+        totals: dict[np.dtype, int] = {}
+        for idx in groups:
+            totals[dtypes[idx[0]]] = totals.get(dtypes[idx[0]], 0) + sum(
+                _numel(variables[i].shape) for i in idx)
+        arena = {dtype: np.zeros(n, dtype=dtype) for dtype, n in totals.items()}
+        used = dict.fromkeys(totals, 0)
         buckets = []
         for idx in groups:
             shapes = [tuple(int(s) for s in variables[i].shape) for i in idx]
             sizes = [_numel(s) for s in shapes]
             offsets = [int(o) for o in np.cumsum([0] + sizes[:-1])]
-            flat = np.zeros(sum(sizes), dtype=dtypes[idx[0]])
+            dtype, start = dtypes[idx[0]], used[dtypes[idx[0]]]
+            flat = arena[dtype][start:start + sum(sizes)]
+            used[dtype] += sum(sizes)
             buckets.append(_TfBucket(idx, shapes, sizes, offsets, flat))
         return buckets
 
