@@ -113,3 +113,27 @@ def test_negative_baseline_is_invalid_not_met():
 
 def test_alternating_order_is_palindromic():
     assert common.alternating_order(["a", "b"], 4) == list("abbaabba")
+
+
+def _untracked_results(repo: Path) -> list[str]:
+    """Result files in ``repo``'s bench/results that git does not track (empty outside git)."""
+    import subprocess
+    if not (repo / ".git").exists():
+        return []
+    out = subprocess.run(["git", "-C", str(repo), "ls-files", "--others", "--exclude-standard",
+                          "--", "bench/results"], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_rendered_results_are_committed():
+    """A README rendered from a file that is not committed fails on a clean clone: every file
+    in bench/results must be tracked (commit it, or move it out, then re-render)."""
+    assert _untracked_results(REPO) == [], "commit these result files and re-render the README"
+
+
+def test_negative_control_untracked_result_is_reported(tmp_path):
+    import subprocess
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "training-x.json").write_text("{}")
+    assert _untracked_results(tmp_path) == ["bench/results/training-x.json"]
