@@ -190,13 +190,30 @@ class Generator(nn.Module):
         return self.body(self.project(latent))
 
 
+class InGeV(nn.Module):
+    """A generator trained with ``train --cell-scale S``, its showers divided by S (GeV)."""
+
+    def __init__(self, generator: Generator, cell_scale: float):
+        super().__init__()
+        self.generator = generator
+        self.cell_scale = float(cell_scale)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.generator(latent) / self.cell_scale
+
+
 class Discriminator(nn.Module):
     """Discriminator: image (N,1,25,25,25) -> (fake prob (N,1), aux E' (N,1), ecal sum (N,1)).
 
-    ``bn_axis`` as for :class:`Generator`."""
+    ``bn_axis`` as for :class:`Generator`. ``cell_scale``: the images' cells are in units of
+    GeV / ``cell_scale`` ([CERN]'s 2020 trainer multiplies them by 100); the ``ecal`` output
+    is always in GeV, Σcells / ``cell_scale``, so the losses compare it with f(E') unchanged.
+    MAPE is relative, so this is the very loss of scaling f(E') by ``cell_scale`` instead."""
 
-    def __init__(self, rng: torch.Generator | None = None, bn_axis: str = "channels"):
+    def __init__(self, rng: torch.Generator | None = None, bn_axis: str = "channels",
+                 cell_scale: float = 1.0):
         super().__init__()
+        self.cell_scale = float(cell_scale)
         lrelu = lambda: nn.LeakyReLU(LEAKY_ALPHA)  # noqa: E731
         self.features = nn.Sequential(
             nn.Sequential(                                                       # block 1
@@ -228,6 +245,8 @@ class Discriminator(nn.Module):
         fake = torch.sigmoid(self.fake(h))
         aux = self.aux(h)
         ecal = x.sum(dim=(1, 2, 3, 4)).unsqueeze(1)
+        if self.cell_scale != 1.0:
+            ecal = ecal / self.cell_scale
         return fake, aux, ecal
 
 
@@ -271,7 +290,8 @@ def sample_inputs(n: int, gen_rng: torch.Generator, device: torch.device | str |
 
 def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
                             gen: torch.Generator):
-    """w0 BCE(fake(x), BitFlip(1)) + w1 MAPE(E'_x, aux(x)) + w2 MAPE(sum x, ecal(x)).
+    """w0 BCE(fake(x), BitFlip(1)) + w1 MAPE(E'_x, aux(x)) + w2 MAPE(sum x, ecal(x)), the
+    sum in GeV as ``ecal`` is (``D.cell_scale``).
 
     Returns ``(total, (bce, mape_aux, mape_ecal))`` with unweighted parts (as Keras reports).
     """
@@ -279,7 +299,7 @@ def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
     fake, aux, ecal = D(x)
     labels = bit_flip(torch.ones((n, 1), device=x.device), FLIP_PROB, gen)
     e = e.reshape(n, 1).to(aux.dtype)
-    ecal_target = x.detach().sum(dim=(1, 2, 3, 4)).unsqueeze(1)
+    ecal_target = x.detach().sum(dim=(1, 2, 3, 4)).unsqueeze(1) / D.cell_scale
     parts = (bce(fake, labels), mape(e, aux), mape(ecal_target, ecal))
     return weighted_loss(parts), parts
 

@@ -90,3 +90,28 @@ def test_export_bad_input(tmp_path):
     foreign = run(["hpcai-launch", "export-onnx", str(other), "--model", "3dgan"], base_env())
     assert foreign.returncode == 2 and "not a PyTorch checkpoint" in foreign.stderr
     assert "hint:" in foreign.stderr
+
+
+def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
+    """A generator trained with ``--cell-scale 100 --bn-axis depth`` exports with its own
+    BatchNorm layout and its showers in GeV: ONNX matches the checkpoint's generator ÷ 100.
+    Control: the generator's raw output (GeV x 100) fails the same comparison."""
+    ckpt = _checkpoint(tmp_path, "3dgan", "--generate", "8", "--batch-size", "2",
+                       "--cell-scale", "100", "--bn-axis", "depth")
+    onnx_file = tmp_path / "g.onnx"
+    result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
+                  str(onnx_file)], base_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    raw = gan3d.Generator(bn_axis="depth")
+    raw.load_state_dict(state["modules"]["generator"])
+    raw.eval()
+
+    class InGeV(torch.nn.Module):
+        def forward(self, latent):
+            return raw(latent) / 100.0
+
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((3, gan3d.LATENT)).astype(np.float32)
+    assert _excess(session, InGeV(), x) <= 1
+    assert _excess(session, raw, x) > 10

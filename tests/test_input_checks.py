@@ -167,6 +167,10 @@ def test_options_of_the_other_launcher(box):
     (["--test-files", "-1"], "--test-files must not be negative"),
     (["--framework", "tensorflow", "--bn-axis", "depth"],
      "--bn-axis depth is implemented for PyTorch only"),
+    (["--framework", "tensorflow", "--cell-scale", "100"],
+     "--cell-scale 100.0 is implemented for PyTorch only"),
+    (["--cell-scale", "0"], "--cell-scale must be a positive number, got 0"),
+    (["--cell-scale", "nan"], "--cell-scale must be a positive number, got nan"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,
@@ -176,6 +180,8 @@ def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
 def test_resnet_refuses_the_3dgan_data_options(box):
     refused(box.run("hpcai-train", "resnet-tiny", "--generate", "8", "--out", str(box.out)),
             box, "--generate is for 3dgan")
+    refused(box.run("hpcai-train", "resnet-tiny", "--cell-scale", "100", "--out", str(box.out)),
+            box, "--cell-scale is for 3dgan")
 
 
 # --- hpcai-launch -- train: checked once, before any rank starts -------------------------

@@ -441,3 +441,23 @@ def test_discriminator_bn_statistics_in_generator_steps(mode, G, D):
     changed = [not torch.equal(a, b) for a, b in zip(before, stats())]
     assert all(changed) if mode == "update" else not any(changed)   # update: [CERN]'s
     assert all(p.grad is None or not p.grad.any() for p in D.parameters())
+
+
+def test_cell_scale_is_the_loss_of_scaling_f_by_the_same_factor(D):
+    """``Discriminator(cell_scale=S)`` on cells x S reports ``ecal`` in GeV, so MAPE(f, ecal)
+    is [CERN] 2020's MAPE(S f, S Σcells) (MAPE is relative), and the real loss's ecal part stays
+    0. Control: the unscaled D on the scaled cells puts the ecal term off by S."""
+    D.eval()
+    scaled = copy.deepcopy(D)
+    scaled.cell_scale = 100.0
+    x = torch.rand(3, 1, 25, 25, 25, generator=rng(21)) * 0.01
+    e = torch.tensor([0.5, 1.0, 4.0])
+    f = gan3d_spec.sampling_fraction(e.view(-1, 1))
+    ecal = scaled(x * 100.0)[2]
+    assert torch.allclose(ecal, D(x)[2], rtol=1e-5)
+    cern_2020 = gan3d.mape(f * 100.0, x.sum(dim=(1, 2, 3, 4)).view(-1, 1) * 100.0).item()
+    assert gan3d.mape(f, ecal).item() == pytest.approx(cern_2020, rel=1e-5)
+    assert gan3d.mape(f, D(x)[2]).item() == pytest.approx(cern_2020, rel=1e-5)
+    assert gan3d.discriminator_real_loss(scaled, x * 100.0, e, rng(22))[1][2].item() == 0.0
+    control = gan3d.mape(f, D(x * 100.0)[2]).item()
+    assert control > 10 * cern_2020

@@ -73,6 +73,7 @@ class TrainConfig:
     validate_events: int = VALIDATE_EVENTS   # held-out events per validation (0: none)
     bn_axis: str = "channels"         # 3dgan BatchNorm over "channels" or "depth" ([CERN])
     d_bn_in_g_steps: str = "freeze"   # 3dgan D's BatchNorm statistics in the G steps
+    cell_scale: float = 1.0           # 3dgan cells seen by the networks: GeV x cell_scale
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,6 +166,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="3dgan: the discriminator's BatchNorm moving statistics during the "
                         "generator steps: left alone (default) or updated as CERN's trainer "
                         "does (docs/3dgan.md)")
+    p.add_argument("--cell-scale", type=float, default=None, metavar="S",
+                   help="3dgan: the networks see the cells in GeV x S (default 1, as CERN's "
+                        "2019 trainer behind the papers; 100 as its 2020 version); the ecal "
+                        "loss, physics validation and generated showers stay in GeV "
+                        "(docs/3dgan.md)")
     return p
 
 
@@ -192,7 +198,8 @@ def parse(argv: list[str]) -> TrainConfig:
         validate_every=VALIDATE_EVERY if ns.validate_every is None else ns.validate_every,
         validate_events=(VALIDATE_EVENTS if ns.validate_events is None
                          else ns.validate_events), bn_axis=ns.bn_axis,
-        d_bn_in_g_steps=ns.d_bn_in_g_steps)
+        d_bn_in_g_steps=ns.d_bn_in_g_steps,
+        cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale)
     check_numbers(cfg)
     return cfg
 
@@ -214,7 +221,8 @@ def check_options(ns: argparse.Namespace) -> None:
                     ("--validate-every", ns.validate_every is not None),
                     ("--validate-events", ns.validate_events is not None),
                     ("--bn-axis", ns.bn_axis != "channels"),
-                    ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"))
+                    ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"),
+                    ("--cell-scale", ns.cell_scale is not None))
         for flag, value in gan_only:
             if value:
                 raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
@@ -222,7 +230,8 @@ def check_options(ns: argparse.Namespace) -> None:
                                 "the images")
     if ns.framework == "tensorflow":
         for flag, value, default in (("--bn-axis", ns.bn_axis, "channels"),
-                                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps, "freeze")):
+                                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps, "freeze"),
+                                     ("--cell-scale", ns.cell_scale or 1.0, 1.0)):
             if value != default:
                 raise UserError(f"{flag} {value} is implemented for PyTorch only",
                                 f"use --framework pytorch, or leave {flag} out ({default})")
@@ -248,6 +257,9 @@ def check_numbers(cfg: TrainConfig) -> None:
     if cfg.bucket_mb <= 0:
         raise UserError(f"--bucket-mb must be positive, got {cfg.bucket_mb:g}",
                         "e.g. --bucket-mb 4")
+    if not 0 < cfg.cell_scale < float("inf"):
+        raise UserError(f"--cell-scale must be a positive number, got {cfg.cell_scale:g}",
+                        "e.g. --cell-scale 100 (CERN's 2020 trainer), or leave it out (1)")
     not_negative = (("--generate", cfg.generate_events), ("--verify-every", cfg.verify_every),
                     ("--checkpoint-every", cfg.checkpoint_every),
                     ("--max-steps", cfg.max_steps), ("--eval-samples", cfg.eval_samples),

@@ -57,9 +57,12 @@ def build(state: dict, model: str):
                         f"use --model {state['model']}")
     config = state.get("config", {})
     if model == "3dgan":
-        net = gan3d.Generator()
+        net = gan3d.Generator(bn_axis=config.get("bn_axis", "channels"))
         net.load_state_dict(state["modules"]["generator"])
         example = torch.randn(2, gan3d.LATENT)
+        scale = float(config.get("cell_scale", 1.0))
+        if scale != 1.0:                       # the exported generator writes GeV
+            net = gan3d.InGeV(net, scale)
     else:
         factory = resnet.resnet50 if model == "resnet50" else resnet.resnet_tiny
         net = factory(num_classes=config.get("classes", 1000))

@@ -72,8 +72,9 @@ class GanTask:
     def __init__(self, cfg: TrainConfig, lr: float) -> None:
         init = torch.Generator().manual_seed(cfg.seed)
         self.G = gan3d.Generator(rng=init, bn_axis=cfg.bn_axis)
-        self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis)
+        self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis, cell_scale=cfg.cell_scale)
         self.d_bn_in_g_steps = cfg.d_bn_in_g_steps
+        self.cell_scale = cfg.cell_scale   # data in GeV; the networks see GeV x cell_scale
         if cfg.channels_last:
             self.G = self.G.to(memory_format=torch.channels_last_3d)
             self.D = self.D.to(memory_format=torch.channels_last_3d)
@@ -91,11 +92,16 @@ class GanTask:
 
     def train_step(self, x: np.ndarray, e: np.ndarray, rng: torch.Generator,
                    after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
-        x, e = torch.from_numpy(x), torch.from_numpy(e)
+        x, e = self._to_network(x), torch.from_numpy(e)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
                                    after_backward, self.d_bn_in_g_steps)
+
+    def _to_network(self, x: np.ndarray) -> torch.Tensor:
+        """Cells in GeV -> the networks' units (a new tensor when scaled; ``x`` untouched)."""
+        t = torch.from_numpy(x)
+        return t * self.cell_scale if self.cell_scale != 1.0 else t
 
     @torch.no_grad()
     def evaluate(self, x: np.ndarray, e: np.ndarray) -> dict[str, float]:
@@ -108,11 +114,11 @@ class GanTask:
         """
         x, e = torch.from_numpy(x), torch.from_numpy(e)
         with _batch_statistics(self.G), _batch_statistics(self.D):
-            _, aux, _ = self.D(x)
+            _, aux, _ = self.D(x * self.cell_scale)
             ev = e.view(-1, 1)
             rng = torch.Generator().manual_seed(4321)
             e_gen, _, latent = gan3d.sample_inputs(x.shape[0], rng)
-            generated = self.G(latent)
+            generated = self.G(latent) / self.cell_scale
             f_gen = gan3d.sampling_fraction(e_gen).view(-1)
             f_real = gan3d.sampling_fraction(ev).view(-1)
             return {
@@ -124,20 +130,21 @@ class GanTask:
     @torch.no_grad()
     def physics_pass(self, x: np.ndarray, e: np.ndarray, z: np.ndarray, chunk: int = 32
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(G(E' z), aux of D on x, aux of D on G(E' z)) as NumPy, both networks in inference
-        mode (moving BatchNorm statistics, no dropout), their modes restored afterwards."""
+        """(G(E' z) in GeV, aux of D on x, aux of D on G(E' z)) as NumPy, both networks in
+        inference mode (moving BatchNorm statistics, no dropout), their modes restored
+        afterwards. ``x`` is in GeV, as read."""
         modes = [(m, m.training) for net in (self.G, self.D) for m in net.modules()]
         self.G.eval()
         self.D.eval()
         generated, aux_real, aux_gen = [], [], []
         try:
             for start in range(0, len(e), chunk):
-                xs = torch.from_numpy(x[start:start + chunk])
+                xs = self._to_network(x[start:start + chunk])
                 es = torch.from_numpy(e[start:start + chunk]).view(-1, 1)
                 gs = self.G(es * torch.from_numpy(z[start:start + chunk]))
                 if self.channels_last:
                     xs = xs.contiguous(memory_format=torch.channels_last_3d)
-                generated.append(gs.contiguous().numpy())
+                generated.append((gs / self.cell_scale).contiguous().numpy())
                 aux_real.append(self.D(xs)[1].view(-1).numpy())
                 aux_gen.append(self.D(gs)[1].view(-1).numpy())
         finally:
