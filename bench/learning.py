@@ -12,18 +12,23 @@ It passes when, for every seed,
 - the generated sampling fraction (Σcells / E) is within 15 % of the real one in every energy
   bin at the last validation, and
 - each profile distance (x, y, z) at the last validation is at most half the first one,
-  and the smallest fall over seeds is larger than the spread of the last values over seeds.
+  and the smallest fall over seeds is larger than the spread of the last values over seeds,
+- and at most half the generated showers are empty at the last validation (an empty shower's
+  relative profile distance is 1, so a generator that dies from a start at 2 "halves" it).
 
     python bench/learning.py [--seeds 1,2,3] [--epochs 6] [--max-steps 16] [--events 1024]
                              [--batch-size 4] [--validate-events 128] [--json PATH]
                              [--train-arg=--optimizer --train-arg=rmsprop ...]
 
-Run it on an otherwise idle machine. Expected duration with the defaults (an estimate, not a
-full run: a 2-rank step of batch 2 per rank took about 2.1 s in this machine's smoke runs, so
-batch 4 about 4 s): 6 x 16 steps, about 6.5 minutes, plus 6 validations of 128 events,
-about half a minute: about 7 minutes per seed, about 20 minutes for three. A budget this size
-may be too small for the criteria; the JSON then shows how far each metric got, and a larger
-``--epochs`` / ``--max-steps`` is the lever.
+A seed whose generator has died (every generated shower empty in ``--stop-dead``
+validations in a row, default 2) is stopped early with SIGTERM and fails: the output ReLU then
+passes no gradient. The JSON is rewritten after every seed (``complete`` false until all ran).
+
+Run it on an otherwise idle machine. Measured here: a 2-rank step takes about 1 s at batch 4
+per rank and 4.6 s at batch 16, plus 2-3 s per validation of 128 events; the defaults
+(6 x 16 steps of batch 4) take about 2.5 minutes per seed. A budget this size may be too
+small for the criteria; the JSON then shows how far each metric got, and a larger
+``--epochs`` / ``--max-steps`` / ``--batch-size`` is the lever.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -47,6 +53,8 @@ METRICS = ("profile_distance_x", "profile_distance_y", "profile_distance_z",
            "aux_mape_gen", "gen_empty_fraction")
 SAMPLING_FRACTION_TOLERANCE = 0.15
 DISTANCE_FALL = 0.5
+ALIVE_EMPTY = 0.5   # at most this share of generated showers empty: an empty shower's
+                    # profile distance is 1, so a dying generator can "halve" a distance
 
 
 def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
@@ -58,22 +66,56 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             "--eval-samples", "0", "--out", str(out), *args.train_args]
     print("$ " + " ".join(argv), flush=True)
     start = time.monotonic()
-    result = subprocess.run(argv, env=loopback_env(), text=True, timeout=args.timeout)
+    dead_at = None
+    proc = subprocess.Popen(argv, env=loopback_env(), text=True)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - start > args.timeout:
+                raise SystemExit(f"error: seed {seed}: no result within {args.timeout:.0f} s")
+            dead_at = dead_epoch(out / "physics.json", args.stop_dead)
+            if dead_at is not None:
+                print(f"seed {seed}: every generated shower empty in {args.stop_dead} "
+                      f"validations in a row (epoch {dead_at}): the output ReLU passes no "
+                      "gradient, stopping this seed", flush=True)
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=300)
+                break
+            time.sleep(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     wall = time.monotonic() - start
-    if result.returncode != 0:
-        raise SystemExit(f"error: seed {seed}: training exited {result.returncode}")
+    if proc.returncode != 0 and dead_at is None:
+        raise SystemExit(f"error: seed {seed}: training exited {proc.returncode}")
     doc = json.loads((out / "physics.json").read_text())
     validations = doc["validations"]
     picks = {"start": validations[0], "middle": validations[len(validations) // 2],
              "end": validations[-1]}
     last_bins = [b for b in validations[-1]["bins"] if b["events"]]
     return {"seed": seed, "wall_s": round(wall, 1), "command": argv,
+            "stopped_dead_at_epoch": dead_at,
             "held_out": doc["held_out"],
             "at": {k: {"epoch": v["epoch"], **v["summary"]} for k, v in picks.items()},
             "sampling_fraction_rel_diff_per_bin_end": {
                 f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}": b["sampling_fraction_rel_diff"]
                 for b in last_bins},
             "history": [{"epoch": v["epoch"], **v["summary"]} for v in validations]}
+
+
+def dead_epoch(physics: Path, last: int) -> int | None:
+    """The epoch of the last validation if the ``last`` validations in a row generated only
+    empty showers (``gen_empty_fraction`` 1), else None; 0 turns the check off."""
+    if last <= 0 or not physics.exists():
+        return None
+    try:
+        validations = json.loads(physics.read_text())["validations"]
+    except (ValueError, KeyError):
+        return None  # being rewritten; the next poll reads it whole
+    tail = validations[-last:]
+    if len(tail) == last and all(v["summary"].get("gen_empty_fraction") == 1 for v in tail):
+        return tail[-1]["epoch"]
+    return None
 
 
 def judge(runs: list[dict]) -> dict:
@@ -84,6 +126,9 @@ def judge(runs: list[dict]) -> dict:
         checks[f"seed {run['seed']}: sampling fraction within 15 % in every bin"] = (
             bool(diffs) and all(d is not None and abs(d) <= SAMPLING_FRACTION_TOLERANCE
                                 for d in diffs))
+        empty = run["at"]["end"].get("gen_empty_fraction")
+        checks[f"seed {run['seed']}: generator alive at the end (empty showers {empty})"] = (
+            empty is not None and empty <= ALIVE_EMPTY)
     for axis in "xyz":
         key = f"profile_distance_{axis}"
         first = [r["at"]["start"].get(key) for r in runs]
@@ -115,6 +160,23 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
+          runs: list[dict], start: float) -> None:
+    """The JSON so far: ``complete`` is false until every seed has run; verdict on those."""
+    info["load_average_at_end"] = os.getloadavg()
+    path.write_text(json.dumps({
+        "benchmark": "learning", "provenance": info,
+        "budget": {"ranks": args.ranks, "epochs": args.epochs, "steps_per_epoch": args.max_steps,
+                   "batch_per_rank": args.batch_size, "training_events": args.events,
+                   "validate_events": args.validate_events, "train_args": args.train_args,
+                   "stop_dead": args.stop_dead},
+        "wall_time_s": round(time.monotonic() - start, 1), "seeds": seeds,
+        "complete": len(runs) == len(seeds),
+        "criteria": {"sampling_fraction_tolerance": SAMPLING_FRACTION_TOLERANCE,
+                     "distance_fall": DISTANCE_FALL, "alive_max_empty": ALIVE_EMPTY},
+        "verdict": judge(runs), "runs": runs}, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3")
@@ -128,14 +190,22 @@ def main() -> int:
     parser.add_argument("--train-arg", dest="train_args", action="append", default=[],
                         metavar="ARG", help="passed on to train 3dgan, e.g. "
                         "--train-arg=--optimizer --train-arg=rmsprop (repeatable)")
+    parser.add_argument("--stop-dead", type=int, default=2, metavar="K",
+                        help="stop a seed after K validations in a row with every generated "
+                        "shower empty (0: never); the seed then fails")
     parser.add_argument("--json", default=None,
                         help="default bench/results/learning-HOST.json")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     info = provenance()
     start = time.monotonic()
+    path = Path(args.json or REPO / "bench" / "results" / f"learning-{socket.gethostname()}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run_seed(seed, args, Path(tmp)) for seed in seeds]
+        for seed in seeds:
+            runs.append(run_seed(seed, args, Path(tmp)))
+            write(path, args, info, seeds, runs, start)  # an interrupted run keeps its seeds
     verdict = judge(runs)
     print("\nheld-out metrics (first, middle and last validation) over "
           f"{len(runs)} seed(s):\n" + table(runs))
@@ -143,18 +213,7 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print("PASSED" if verdict["passed"] else "NOT PASSED: the budget is too small or the "
           "model does not learn; see the numbers above")
-    info["load_average_at_end"] = os.getloadavg()
-    path = Path(args.json or REPO / "bench" / "results" / f"learning-{socket.gethostname()}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "benchmark": "learning", "provenance": info,
-        "budget": {"ranks": args.ranks, "epochs": args.epochs, "steps_per_epoch": args.max_steps,
-                   "batch_per_rank": args.batch_size, "training_events": args.events,
-                   "validate_events": args.validate_events, "train_args": args.train_args},
-        "wall_time_s": round(time.monotonic() - start, 1), "seeds": seeds,
-        "criteria": {"sampling_fraction_tolerance": SAMPLING_FRACTION_TOLERANCE,
-                     "distance_fall": DISTANCE_FALL},
-        "verdict": verdict, "runs": runs}, indent=1) + "\n")
+    write(path, args, info, seeds, runs, start)
     print(f"wrote {path}")
     return 0 if verdict["passed"] else 1
 

@@ -2,7 +2,7 @@
 
 Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in
 README.md and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
-date): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
+date; the ``learning`` block from every ``learning-*.json``, a row per seed): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
 target, verdict; a miss says by how much the median misses), its notes, the settings and the
 file's provenance.
 
@@ -84,6 +84,52 @@ def _startup_lines(data: dict) -> list[str]:
     return lines
 
 
+def _g(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2g}" if abs(x) < 10 else f"{x:.0f}"
+
+
+def _learning_lines(files: list[tuple[str, dict]]) -> str:
+    """``bench/learning.py``: every committed run, one row per seed, oldest first."""
+    lines = ["| file | budget (2-rank steps × batch per rank, extra train arguments) | seed "
+             "| worst-bin sampling-fraction difference, per validation | per bin at the end "
+             "(low → high E) | empty generated showers, first → last | profile distance x, "
+             "y, z: first → last | verdict of the file |", "|---|---|---|---|---|---|---|---|"]
+    sources = []
+    for name, data in files:
+        b = data["budget"]
+        budget = (f"{b['epochs']} × {b['steps_per_epoch']} × {b['batch_per_rank']}"
+                  + (f", `{' '.join(b['train_args'])}`" if b.get("train_args") else ""))
+        v = data["verdict"]
+        verdict = ("passed" if v["passed"] else
+                   f"not passed ({sum(not ok for ok in v['checks'].values())} of "
+                   f"{len(v['checks'])} checks fail)")
+        if not data.get("complete", True):
+            verdict += f"; incomplete: {len(data['runs'])} of {len(data['seeds'])} seeds"
+        for run in data["runs"]:
+            hist = run["history"]
+            worst = ", ".join(_g(h["sampling_fraction_worst_rel_diff"]) for h in hist)
+            if run.get("stopped_dead_at_epoch") is not None:
+                worst += f"; stopped dead after epoch {run['stopped_dead_at_epoch']}"
+            bins = ", ".join(f"{d:+.2f}" if d is not None else "—"
+                             for d in run["sampling_fraction_rel_diff_per_bin_end"].values())
+            empty = " → ".join(_g(hist[i].get("gen_empty_fraction")) for i in (0, -1))
+            dist = ", ".join(f"{_g(hist[0]['profile_distance_' + a])} → "
+                             f"{_g(hist[-1]['profile_distance_' + a])}" for a in "xyz")
+            lines.append(f"| `{name}` | {budget} | {run['seed']} | {worst} | {bins} | {empty} "
+                         f"| {dist} | {verdict} |")
+        p = data["provenance"]
+        sources.append(f"`{name}`: commit {str(p['git_commit'])[:10]}"
+                       f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, "
+                       f"{data['wall_time_s'] / 60:.0f} min, load average "
+                       f"{p['load_average_at_start'][0]:.1f} → {p['load_average_at_end'][0]:.1f}")
+    lines += ["", f"On {files[-1][1]['provenance']['machine']}, "
+              f"{files[-1][1]['provenance']['cpus']} CPUs; runs: " + "; ".join(sources) + "."]
+    return "\n".join(lines) + "\n"
+
+
+ALL_FILES = {"learning": _learning_lines}   # blocks made from every file, not the newest
+
+
 def render_table(data: dict, name: str) -> str:
     """The Markdown of one result file's rows (or profile) and provenance."""
     if data["benchmark"] == "startup":
@@ -128,6 +174,13 @@ def _render_tail(lines: list[str], notes: list[str], data: dict, name: str) -> s
 def render_readme(text: str, results: Path) -> str:
     """``text`` with every results block re-rendered from the newest file."""
     def block(m: re.Match) -> str:
+        if m.group(2) in ALL_FILES:
+            paths = sorted(results.glob(f"{m.group(2)}-*.json"))
+            if not paths:
+                raise FileNotFoundError(f"no {m.group(2)}-*.json under {results}")
+            files = sorted(((f.name, json.loads(f.read_text())) for f in paths),
+                           key=lambda nd: (nd[1]["provenance"]["date"], nd[0]))
+            return m.group(1) + ALL_FILES[m.group(2)](files) + m.group(4)
         path = newest(m.group(2), results)
         return m.group(1) + render_table(json.loads(path.read_text()), path.name) + m.group(4)
     return BLOCK.sub(block, text)
