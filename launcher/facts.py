@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import flavours, rankenv, topology
+from . import flavours, jobplan, rankenv, topology
 from .flavours import MpiInstall
 from .options import Options
 from .rankenv import RankInfo, in_slurm_step
@@ -87,8 +87,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             found = flavours.find_launcher(None, env)
             mpi = flavours.resolve("auto", found, env) if found else None
         port = _free_port(socket)
-    cache_dir = env.get("HPCAI_CACHE", os.path.join(
-        env.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpcai"))
+    cache_dir = jobplan.cache_root(env)
     stage_root = cache_dir
     if site is not None and site.job_dir and site.job_dir_scope == "node":
         stage_root = os.path.expandvars(site.job_dir)   # node-local: no shared copy

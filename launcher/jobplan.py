@@ -137,9 +137,14 @@ def job_dir(env: dict[str, str], head: list[str] | tuple[str, ...] = ()) -> tupl
         return env["HPCAI_JOB_DIR"], scope
     if site_dir:
         return site_dir, scope
-    cache = env.get("HPCAI_CACHE") or os.path.join(
+    return os.path.join(cache_root(env), "jobs"), scope
+
+
+def cache_root(env: dict[str, str]) -> str:
+    """hpcai's cache: ``HPCAI_CACHE``, else ``$XDG_CACHE_HOME/hpcai``, else
+    ``~/.cache/hpcai``; an empty variable counts as unset (the XDG rule)."""
+    return env.get("HPCAI_CACHE") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hpcai")
-    return os.path.join(cache, "jobs"), scope
 
 
 def _site_path(env: dict[str, str], head: list[str] | tuple[str, ...]) -> str | None:

@@ -332,3 +332,26 @@ def test_startup_node_local_job_dir_stages_the_host_libraries_there(tmp_path):
             assert in_site and not in_cache, (in_site, in_cache)
         else:
             assert in_cache and not in_site, (in_site, in_cache)
+
+
+@pytest.mark.parametrize("hpcai_cache, xdg, expected", [
+    ("", "", "home"), ("", "XDG", "xdg"), ("MINE", "XDG", "mine"), (None, None, "home")])
+def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg, expected):
+    """The planner's cache (where host libraries are staged) and the ranks' job directory
+    come from one rule: an empty ``HPCAI_CACHE`` or ``XDG_CACHE_HOME`` counts as unset. The
+    expected paths are written out, so a second rule that reads an empty variable as a
+    path (as facts did) fails here."""
+    from hpcai.launcher import facts, jobplan
+    from hpcai.launcher.options import Options
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "h")}
+    values = {"MINE": str(tmp_path / "mine"), "XDG": str(tmp_path / "xdg")}
+    if hpcai_cache is not None:
+        env["HPCAI_CACHE"] = values.get(hpcai_cache, hpcai_cache)
+    if xdg is not None:
+        env["XDG_CACHE_HOME"] = values.get(xdg, xdg)
+    want = {"home": os.path.join(os.path.expanduser("~/.cache"), "hpcai"),
+            "xdg": str(tmp_path / "xdg" / "hpcai"), "mine": str(tmp_path / "mine")}[expected]
+    assert jobplan.cache_root(env) == want
+    assert jobplan.job_dir(env)[0] == os.path.join(want, "jobs")
+    got = facts.gather_facts(Options(command=("true",), ranks_per_node=1), env, stage=False)
+    assert got.cache_dir == want
