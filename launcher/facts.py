@@ -89,7 +89,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
         port = _free_port(socket)
     cache_dir = jobplan.cache_root(env)
     stage_root = cache_dir
-    if site is not None and site.job_dir and site.job_dir_scope == "node":
+    if site is not None and site.job_dir and site.job_dir_scope == jobplan.NODE:
         stage_root = os.path.expandvars(site.job_dir)   # node-local: no shared copy
     container = None
     if options.container and options.runtime != "none":

@@ -32,6 +32,9 @@ from typing import NamedTuple
 from ..core.errors import USAGE_EXIT, UserError
 from .rankenv import RankInfo, torch_env
 
+SHARED, NODE = "shared", "node"   # the site profile's job_dir_scope values, owned here
+JOB_DIR_SCOPES = (SHARED, NODE)    # because a rank reads them without importing .site
+
 FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
 STALE_S = 120.0          # a plan older than this before the rank started is another job's
@@ -104,10 +107,10 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     if not _writable(where):
         return None
     # a node-local identity (plain MPICH's Hydra outside Slurm) or a node-local job dir
-    node_scoped = info.job_key.startswith("hydra-ppid:") or scope == "node"
+    node_scoped = info.job_key.startswith("hydra-ppid:") or scope == NODE
     name = info.job_key
     if node_scoped:
-        name += f"@{os.uname().nodename}" + (f"-{info.node_rank}" if scope == "node" else "")
+        name += f"@{os.uname().nodename}" + (f"-{info.node_rank}" if scope == NODE else "")
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
     path = os.path.join(where, f"plan-{safe}.json")
     planner = info.local_rank == 0 if node_scoped else info.rank == 0
@@ -162,18 +165,18 @@ def _site_job_dir(path: str | None) -> tuple[str | None, str]:
     refuse counts as unset here: the planning rank then says the error, at the default
     place, where the other ranks look for it."""
     if not path:
-        return None, "shared"
+        return None, SHARED
     try:
         import tomllib
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except (OSError, ValueError, ImportError):
-        return None, "shared"
+        return None, SHARED
     where = data.get("job_dir")
     where = os.path.expandvars(where) if isinstance(where, str) else None
-    scope = data.get("job_dir_scope", "shared")
+    scope = data.get("job_dir_scope", SHARED)
     return (where if where and where.startswith("/") else None,
-            scope if scope in ("shared", "node") else "shared")
+            scope if scope in JOB_DIR_SCOPES else SHARED)
 
 
 def make_key(job: JobRole, env: dict[str, str], cwd: str,

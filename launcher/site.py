@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import UserError
+from .jobplan import JOB_DIR_SCOPES, SHARED
 
 try:
     import tomllib
@@ -79,7 +80,6 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "job_dir": ("abspath", 'job_dir = "/tmp/hpcai-jobs-$USER"'),
     "job_dir_scope": ("scope", 'job_dir_scope = "node"'),
 }
-JOB_DIR_SCOPES = ("shared", "node")
 TOPOLOGIES = ("fat-tree", "shared-host")
 
 
@@ -111,7 +111,7 @@ class SiteProfile:
     network: NetworkSpec | None = None
     metadata_ops_per_s: int = DEFAULT_METADATA_OPS_PER_S
     job_dir: str | None = None         # plan-once's job directory (:mod:`.jobplan` reads it)
-    job_dir_scope: str = "shared"
+    job_dir_scope: str = SHARED
     path: str | None = None            # the file it was loaded from
 
     @classmethod
