@@ -24,8 +24,8 @@ A seed whose generator has died (every generated shower empty in ``--stop-dead``
 validations in a row, default 2) is stopped early with SIGTERM and fails: the output ReLU then
 passes no gradient. The JSON is rewritten after every seed (``complete`` false until all ran).
 
-Run it on an otherwise idle machine. Measured here: a 2-rank step takes about 1 s at batch 4
-per rank and 4.6 s at batch 16, plus 2-3 s per validation of 128 events; the defaults
+Run it on an otherwise idle machine. Measured on 2-core VMs: a 2-rank step takes about 1 s
+at batch 4 per rank and 4.1-4.6 s at batch 16, plus a few seconds per validation; the defaults
 (6 x 16 steps of batch 4) take about 2.5 minutes per seed. A budget this size may be too
 small for the criteria; the JSON then shows how far each metric got, and a larger
 ``--epochs`` / ``--max-steps`` / ``--batch-size`` is the lever.

@@ -120,10 +120,10 @@ def _learning_lines(files: list[tuple[str, dict]]) -> str:
         p = data["provenance"]
         sources.append(f"`{name}`: commit {str(p['git_commit'])[:10]}"
                        f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, "
+                       f"{p['machine']}, {p['cpus']} CPUs, "
                        f"{data['wall_time_s'] / 60:.0f} min, load average "
                        f"{p['load_average_at_start'][0]:.1f} → {p['load_average_at_end'][0]:.1f}")
-    lines += ["", f"On {files[-1][1]['provenance']['machine']}, "
-              f"{files[-1][1]['provenance']['cpus']} CPUs; runs: " + "; ".join(sources) + "."]
+    lines += ["", "Runs: " + "; ".join(sources) + "."]
     return "\n".join(lines) + "\n"
 
 
