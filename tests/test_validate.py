@@ -68,8 +68,12 @@ def test_negative_control_fails_naming_its_cause(control, image, tmp_path):
     if control == "tcp-fallback":   # world, MPI and CPUs are right: only the floor sees it
         problems = result.report["problems"]
         assert problems and all("ping-pong" in p for p in problems), problems
-        ratios = {s["nbytes"]: s["ratio"] for s in result.report["sizes"]}
-        assert ratios[4 << 20] < 0.5 and ratios[64 << 10] < 0.6, ratios
+        # every judged size is below the floor, so the FAIL does not hang on one size; how
+        # far below is the machine's (0.45 / 0.66 at 64 KiB / 4 MiB on an Intel Xeon VM)
+        judged = {s["nbytes"]: s["ratio"] for s in result.report["sizes"] if s["judged"]}
+        assert sorted(judged) == [64 << 10, 4 << 20], judged
+        assert all(r < validate.DEFAULT_THRESHOLD for r in judged.values()), judged
+        assert len(problems) == len(judged), problems
 
 
 @container
