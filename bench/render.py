@@ -2,9 +2,10 @@
 
 Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in
 README.md and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
-date; the ``learning`` block from every ``learning-*.json``, a row per seed): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
+date): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
 target, verdict; a miss says by how much the median misses), its notes, the settings and the
-file's provenance.
+file's provenance. The ``learning`` block is made from every ``learning-*.json``, a row per
+seed.
 
     python bench/render.py           rewrite README.md
     python bench/render.py --check   exit 1 when README.md differs from what the files give
@@ -22,12 +23,17 @@ REPO = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
-def newest(benchmark: str, results: Path) -> Path:
-    """The result file of ``benchmark`` with the latest provenance date."""
-    files = sorted(results.glob(f"{benchmark}-*.json"))
+def by_date(benchmark: str, results: Path) -> list[tuple[Path, dict]]:
+    """Every result file of ``benchmark`` with its data, oldest provenance date first."""
+    files = [(f, json.loads(f.read_text())) for f in results.glob(f"{benchmark}-*.json")]
     if not files:
         raise FileNotFoundError(f"no {benchmark}-*.json under {results}")
-    return max(files, key=lambda f: (json.loads(f.read_text())["provenance"]["date"], f.name))
+    return sorted(files, key=lambda fd: (fd[1]["provenance"]["date"], fd[0].name))
+
+
+def newest(benchmark: str, results: Path) -> Path:
+    """The result file of ``benchmark`` with the latest provenance date."""
+    return by_date(benchmark, results)[-1][0]
 
 
 def _fmt(x: float) -> str:
@@ -88,7 +94,7 @@ def _g(x: float | None) -> str:
     return "—" if x is None else f"{x:.2g}" if abs(x) < 10 else f"{x:.0f}"
 
 
-def _learning_lines(files: list[tuple[str, dict]]) -> str:
+def _learning_table(files: list[tuple[str, dict]]) -> str:
     """``bench/learning.py``: every committed run, one row per seed, oldest first."""
     lines = ["| file | budget (2-rank steps × batch per rank, extra train arguments) | seed "
              "| worst-bin sampling-fraction difference, per validation | per bin at the end "
@@ -127,7 +133,7 @@ def _learning_lines(files: list[tuple[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-ALL_FILES = {"learning": _learning_lines}   # blocks made from every file, not the newest
+ALL_FILES = {"learning": _learning_table}   # blocks made from every file, not the newest
 
 
 def render_table(data: dict, name: str) -> str:
@@ -172,17 +178,14 @@ def _render_tail(lines: list[str], notes: list[str], data: dict, name: str) -> s
 
 
 def render_readme(text: str, results: Path) -> str:
-    """``text`` with every results block re-rendered from the newest file."""
+    """``text`` with every results block re-rendered from its files."""
     def block(m: re.Match) -> str:
+        files = by_date(m.group(2), results)
         if m.group(2) in ALL_FILES:
-            paths = sorted(results.glob(f"{m.group(2)}-*.json"))
-            if not paths:
-                raise FileNotFoundError(f"no {m.group(2)}-*.json under {results}")
-            files = sorted(((f.name, json.loads(f.read_text())) for f in paths),
-                           key=lambda nd: (nd[1]["provenance"]["date"], nd[0]))
-            return m.group(1) + ALL_FILES[m.group(2)](files) + m.group(4)
-        path = newest(m.group(2), results)
-        return m.group(1) + render_table(json.loads(path.read_text()), path.name) + m.group(4)
+            body = ALL_FILES[m.group(2)]([(f.name, data) for f, data in files])
+        else:
+            body = render_table(files[-1][1], files[-1][0].name)
+        return m.group(1) + body + m.group(4)
     return BLOCK.sub(block, text)
 
 

@@ -24,7 +24,7 @@ import render  # noqa: E402
 README = (REPO / "README.md").read_text()
 RESULTS = REPO / "bench" / "results"
 BLOCKS = render.BLOCK.findall(README)
-RATIO_BLOCKS = [b for b in BLOCKS if b[1] not in ("startup", "learning")]   # ratio rows
+RATIO_BLOCKS = [b for b in BLOCKS if b[1] not in {"startup", *render.ALL_FILES}]  # ratio rows
 PROVENANCE = ("git_commit", "date", "machine", "cpus", "open_mpi", "threads_env", "packages",
               "load_average_at_start", "load_average_at_end")
 
