@@ -100,7 +100,21 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             "sampling_fraction_rel_diff_per_bin_end": {
                 f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}": b["sampling_fraction_rel_diff"]
                 for b in last_bins},
+            "end_bins": [end_bin(b) for b in last_bins],
             "history": [{"epoch": v["epoch"], **v["summary"]} for v in validations]}
+
+
+def end_bin(b: dict) -> dict:
+    """One energy bin of the last validation, real against generated: the mean sampling
+    fraction, its event-to-event spread (standard deviation / mean) and the hit count."""
+    def spread(side: dict) -> float | None:
+        mean, std = side["sampling_fraction"], side["sampling_fraction_std"]
+        return round(std / mean, 4) if mean and std is not None else None
+    return {"bin_gev": f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}", "events": b["events"],
+            **{f"{key}_{name}": value for name in ("real", "gen") for key, value in (
+                ("sampling_fraction", b[name]["sampling_fraction"]),
+                ("sampling_fraction_spread", spread(b[name])),
+                ("hits", b[name]["hits"]))}}
 
 
 def dead_epoch(physics: Path, last: int) -> int | None:

@@ -159,7 +159,7 @@ def test_a_rank_stuck_in_the_file_system_names_itself(tmp_path):
 # -- preemption -----------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
-    args = [*TINY, "--samples", "2048", "--epochs", "2"]
+    args = [*TINY, "--samples", "2048", "--epochs", "2", "--lr-decay", "cosine"]
     reference = tmp_path / "reference"
     result = train(2, *args, "--out", str(reference))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -195,6 +195,9 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
     for s in got:
         r = ref[(s["epoch"], s["step"])]
         assert s["loss"] == pytest.approx(r["loss"], rel=1e-4, abs=1e-6), (s, r)
+        assert s["lr"] == r["lr"], "the resumed run is not at the same point of its schedule"
+    rates = [s["lr"] for s in sorted(got, key=lambda s: (s["epoch"], s["step"]))]
+    assert rates[0] > rates[len(rates) // 2] > rates[-1] > 0, "the cosine decay did not run"
 
 
 def _catches(pid: int, sig: int) -> bool:

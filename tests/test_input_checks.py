@@ -171,6 +171,9 @@ def test_options_of_the_other_launcher(box):
      "--cell-scale 100.0 is implemented for PyTorch only"),
     (["--cell-scale", "0"], "--cell-scale must be a positive number, got 0"),
     (["--cell-scale", "nan"], "--cell-scale must be a positive number, got nan"),
+    (["--lr-decay", "cosine", "--warmup-epochs", "2"],
+     "--lr-decay cosine with --warmup-epochs 2 and --epochs 2: the warm-up fills the run"),
+    (["--lr-decay", "step"], "argument --lr-decay: invalid choice: 'step'"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,

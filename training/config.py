@@ -23,6 +23,7 @@ from ..core.errors import UserError
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
 COMMS = ("mpi", "gloo", "horovod")
 FRAMEWORKS = ("pytorch", "tensorflow")
+LR_DECAYS = ("none", "cosine")
 TF_MODELS = ("3dgan", "resnet50")
 
 DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
@@ -46,6 +47,7 @@ class TrainConfig:
     lr: float = 1e-3                  # per rank, scaled by world size; parse(): model default
     lr_scaling: str = "linear"
     warmup_epochs: float = 0.0
+    lr_decay: str = "none"            # "cosine": half cosine to 0 at the last step
     optimizer: str = "adam"           # parse(): the model's default
     data: str | None = None
     generate_events: int = 0          # >0: generate this many showers into OUT/data first
@@ -103,6 +105,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "default: the model's)")
     p.add_argument("--lr-scaling", choices=("linear", "none"), default="linear")
     p.add_argument("--warmup-epochs", type=float, default=0.0, help="0: no warm-up")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
+                   help="after the warm-up: none (a constant rate, as CERN's trainer) or "
+                        "cosine (half a cosine from the rate down to 0 at the end of the "
+                        "last epoch, counted in --epochs x steps per epoch)")
     p.add_argument("--optimizer", choices=("adam", "rmsprop", "sgd"), default=None,
                    help="default: adam for 3dgan, sgd for the ResNets")
     p.add_argument("--data", help="directory of Ele*_*.h5 files (3dgan)")
@@ -186,7 +192,7 @@ def parse(argv: list[str]) -> TrainConfig:
         model=ns.model, out=ns.out, epochs=ns.epochs,
         batch_size=batch if ns.batch_size is None else ns.batch_size,
         lr=lr if ns.lr is None else ns.lr, lr_scaling=ns.lr_scaling,
-        warmup_epochs=ns.warmup_epochs, optimizer=ns.optimizer or opt, data=ns.data,
+        warmup_epochs=ns.warmup_epochs, lr_decay=ns.lr_decay, optimizer=ns.optimizer or opt, data=ns.data,
         generate_events=ns.generate, **image, comm=ns.comm, framework=ns.framework,
         bucket_mb=BUCKET_MB if ns.bucket_mb is None else ns.bucket_mb,
         overlap=not ns.no_overlap, verify_every=ns.verify_every,
@@ -272,6 +278,11 @@ def check_numbers(cfg: TrainConfig) -> None:
         if value < 0:
             raise UserError(f"{name} must not be negative, got {value:g}",
                             f"give {name} 0 or more (train --help says what 0 means)")
+    if cfg.lr_decay != "none" and cfg.warmup_epochs >= cfg.epochs:
+        raise UserError(f"--lr-decay {cfg.lr_decay} with --warmup-epochs {cfg.warmup_epochs:g} "
+                        f"and --epochs {cfg.epochs}: the warm-up fills the run, so the decay "
+                        "would never start",
+                        "give fewer warm-up epochs than --epochs, or leave --lr-decay out")
     if cfg.stall_timeout is not None and not cfg.stall_timeout >= 0:
         raise UserError(f"--stall-timeout must be 0 (off) or positive, got {cfg.stall_timeout}",
                         "e.g. --stall-timeout 120, or leave it out for the automatic bound")

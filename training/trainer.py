@@ -35,6 +35,7 @@ from .loop import Checked
 from .metrics import provenance
 from .record import AllreduceTotals, EpochRecord, Peak, Provenance
 from .replicas import verify
+from .schedule import learning_rate
 from .shower_data import ShowerReader, split_files, validate
 from .showers import generate, held_out_seed
 from .synthetic_images import SyntheticImages
@@ -192,11 +193,9 @@ class Trainer(ABC):
 
     def _set_lr(self, epoch: int, step: int) -> float:
         cfg = self.cfg
-        lr = self.target_lr
-        warm_steps = cfg.warmup_epochs * self.steps
-        done = epoch * self.steps + step
-        if warm_steps > 0 and done < warm_steps:
-            lr = self.base_lr + (self.target_lr - self.base_lr) * done / warm_steps
+        lr = learning_rate(epoch * self.steps + step, cfg.epochs * self.steps,
+                           cfg.warmup_epochs * self.steps, self.base_lr, self.target_lr,
+                           cfg.lr_decay)
         self._apply_lr(lr)
         return lr
 
@@ -340,7 +339,7 @@ class Trainer(ABC):
                 self.global_step += 1
                 self._maybe_inject_fault()
                 if self.rank == 0:
-                    step_log.append({"epoch": epoch, "step": step, **losses})
+                    step_log.append({"epoch": epoch, "step": step, "lr": lr, **losses})
                 if cfg.verify_every and self.global_step % cfg.verify_every == 0:
                     watch.enter("replica check")
                     verify_s += self._verify(exact=False, what="weights")

@@ -1,0 +1,25 @@
+"""The learning rate at a step: optional linear warm-up, then constant or a cosine decay."""
+from __future__ import annotations
+
+import math
+
+
+def learning_rate(done: int, total: int, warm_steps: float, base: float, target: float,
+                  decay: str = "none") -> float:
+    """The rate for the step after ``done`` steps of ``total``.
+
+    During the warm-up (``done < warm_steps``) the rate rises linearly from ``base`` (the
+    per-rank rate) to ``target`` (scaled by the world size). After it, ``decay`` "none" keeps
+    ``target``; "cosine" follows half a cosine from ``target`` at the warm-up's end to 0 at
+    ``total`` steps, so the last step still moves (its rate is above 0)."""
+    if warm_steps > 0 and done < warm_steps:
+        return base + (target - base) * done / warm_steps
+    if decay == "none":
+        return target
+    if decay != "cosine":
+        raise ValueError(f"unknown learning-rate decay {decay!r}")
+    span = total - warm_steps
+    if span <= 0:
+        return target
+    progress = min(max((done - warm_steps) / span, 0.0), 1.0)
+    return target * 0.5 * (1.0 + math.cos(math.pi * progress))
