@@ -1,0 +1,92 @@
+"""The learning benchmark's verdict (``bench/learning.py``): a run that meets every criterion
+passes, each criterion broken alone fails it, and every committed file's verdict is what the
+judge says of its runs today."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import learning  # noqa: E402
+
+
+def _run(seed: int, first: float, last: float, worst_bin: float = 0.1,
+         empty: float = 0.0) -> dict:
+    point = lambda d: {f"profile_distance_{a}": d for a in "xyz"} | {   # noqa: E731
+        "gen_empty_fraction": empty}
+    return {"seed": seed, "at": {"start": point(first), "middle": point(first),
+                                 "end": point(last)},
+            "sampling_fraction_rel_diff_per_bin_end": {"10-100": worst_bin, "100-200": -0.05}}
+
+
+GOOD = [_run(1, 1.4, 0.50), _run(2, 1.0, 0.45), _run(3, 1.2, 0.55)]
+
+
+def test_runs_that_meet_every_criterion_pass():
+    verdict = learning.judge(GOOD)
+    assert verdict["passed"], verdict
+    assert len(verdict["checks"]) == 3 * 2 + 3 * (3 + 1)
+
+
+@pytest.mark.parametrize("seed_index,change,failing", [
+    (0, {"worst_bin": 0.16}, "seed 1: sampling fraction within 15 %"),
+    (1, {"worst_bin": -0.2}, "seed 2: sampling fraction within 15 %"),
+    (2, {"worst_bin": None}, "seed 3: sampling fraction within 15 %"),
+    (1, {"last": 0.51}, "seed 2: profile_distance_"),   # x, y and z: not halved
+    (0, {"empty": 0.6}, "seed 1: generator alive at the end"),
+])
+def test_each_criterion_broken_alone_fails(seed_index, change, failing):
+    runs = copy.deepcopy(GOOD)
+    old = runs[seed_index]
+    params = {"first": old["at"]["start"]["profile_distance_x"],
+              "last": old["at"]["end"]["profile_distance_x"],
+              "worst_bin": old["sampling_fraction_rel_diff_per_bin_end"]["10-100"],
+              "empty": 0.0} | change
+    runs[seed_index] = _run(old["seed"], **params)
+    verdict = learning.judge(runs)
+    assert not verdict["passed"]
+    failed = [name for name, ok in verdict["checks"].items() if not ok]
+    assert failed and all(name.startswith(failing) for name in failed), failed
+
+
+def test_a_fall_within_the_seed_spread_fails():
+    # every seed halves, but the last values spread further than the smallest fall
+    runs = [_run(1, 0.2, 0.1), _run(2, 2.0, 0.9), _run(3, 1.0, 0.5)]
+    verdict = learning.judge(runs)
+    failed = [name for name, ok in verdict["checks"].items() if not ok]
+    assert sorted(failed) == sorted(f"profile_distance_{a}: smallest fall 0.1 > seed spread 0.8"
+                                    for a in "xyz"), failed
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "bench" / "results").glob("learning-*.json")),
+                         ids=lambda p: p.name)
+def test_committed_verdicts_are_the_judges(path):
+    doc = json.loads(path.read_text())
+    assert doc["verdict"] == learning.judge(doc["runs"])
+
+
+def test_a_doctored_verdict_is_caught():
+    path = sorted((REPO / "bench" / "results").glob("learning-*.json"))[0]
+    doc = json.loads(path.read_text())
+    doc["verdict"]["passed"] = not doc["verdict"]["passed"]
+    assert doc["verdict"] != learning.judge(doc["runs"])
+
+
+def test_end_bin_spread_is_std_over_mean_per_side():
+    side = lambda mean, std, hits: {"sampling_fraction": mean,   # noqa: E731
+                                    "sampling_fraction_std": std, "hits": hits}
+    got = learning.end_bin({"e_lo_gev": 10.0, "e_hi_gev": 100.0, "events": 18,
+                            "real": side(0.02, 0.0005, 400.0), "gen": side(0.04, 0.0, 900.0)})
+    assert got == {"bin_gev": "10-100", "events": 18, "sampling_fraction_real": 0.02,
+                   "sampling_fraction_spread_real": 0.025, "hits_real": 400.0,
+                   "sampling_fraction_gen": 0.04, "sampling_fraction_spread_gen": 0.0,
+                   "hits_gen": 900.0}
+    empty = learning.end_bin({"e_lo_gev": 10.0, "e_hi_gev": 100.0, "events": 18,
+                              "real": side(0.02, 0.0005, 400.0), "gen": side(0.0, 0.0, 0.0)})
+    assert empty["sampling_fraction_spread_gen"] is None   # no mean to divide by
