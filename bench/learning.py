@@ -98,10 +98,14 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             "held_out": doc["held_out"],
             "at": {k: {"epoch": v["epoch"], **v["summary"]} for k, v in picks.items()},
             "sampling_fraction_rel_diff_per_bin_end": {
-                f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}": b["sampling_fraction_rel_diff"]
-                for b in last_bins},
+                bin_label(b): b["sampling_fraction_rel_diff"] for b in last_bins},
             "end_bins": [end_bin(b) for b in last_bins],
             "history": [{"epoch": v["epoch"], **v["summary"]} for v in validations]}
+
+
+def bin_label(b: dict) -> str:
+    """A physics.json energy bin as the benchmark names it: "10-100" (GeV)."""
+    return f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}"
 
 
 def end_bin(b: dict) -> dict:
@@ -110,7 +114,7 @@ def end_bin(b: dict) -> dict:
     def spread(side: dict) -> float | None:
         mean, std = side["sampling_fraction"], side["sampling_fraction_std"]
         return round(std / mean, 4) if mean and std is not None else None
-    return {"bin_gev": f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}", "events": b["events"],
+    return {"bin_gev": bin_label(b), "events": b["events"],
             **{f"{key}_{name}": value for name in ("real", "gen") for key, value in (
                 ("sampling_fraction", b[name]["sampling_fraction"]),
                 ("sampling_fraction_spread", spread(b[name])),

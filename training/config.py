@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.errors import UserError
+from .schedule import DECAYS
 
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
 COMMS = ("mpi", "gloo", "horovod")
 FRAMEWORKS = ("pytorch", "tensorflow")
-LR_DECAYS = ("none", "cosine")
+LR_DECAYS = tuple(DECAYS)   # training/schedule.py owns the decays
 TF_MODELS = ("3dgan", "resnet50")
 
 DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
@@ -192,7 +193,8 @@ def parse(argv: list[str]) -> TrainConfig:
         model=ns.model, out=ns.out, epochs=ns.epochs,
         batch_size=batch if ns.batch_size is None else ns.batch_size,
         lr=lr if ns.lr is None else ns.lr, lr_scaling=ns.lr_scaling,
-        warmup_epochs=ns.warmup_epochs, lr_decay=ns.lr_decay, optimizer=ns.optimizer or opt, data=ns.data,
+        warmup_epochs=ns.warmup_epochs, lr_decay=ns.lr_decay,
+        optimizer=ns.optimizer or opt, data=ns.data,
         generate_events=ns.generate, **image, comm=ns.comm, framework=ns.framework,
         bucket_mb=BUCKET_MB if ns.bucket_mb is None else ns.bucket_mb,
         overlap=not ns.no_overlap, verify_every=ns.verify_every,

@@ -1,7 +1,15 @@
-"""The learning rate at a step: optional linear warm-up, then constant or a cosine decay."""
+"""The learning rate at a step: optional linear warm-up, then one of :data:`DECAYS`."""
 from __future__ import annotations
 
 import math
+from typing import Callable
+
+# after the warm-up: the share of the peak rate at ``progress`` (0 at the warm-up's end,
+# 1 at the last step); ``train --lr-decay`` offers these names
+DECAYS: dict[str, Callable[[float], float]] = {
+    "none": lambda progress: 1.0,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+}
 
 
 def learning_rate(done: int, total: int, warm_steps: float, base: float, target: float,
@@ -14,12 +22,10 @@ def learning_rate(done: int, total: int, warm_steps: float, base: float, target:
     ``total`` steps, so the last step still moves (its rate is above 0)."""
     if warm_steps > 0 and done < warm_steps:
         return base + (target - base) * done / warm_steps
-    if decay == "none":
-        return target
-    if decay != "cosine":
+    if decay not in DECAYS:
         raise ValueError(f"unknown learning-rate decay {decay!r}")
     span = total - warm_steps
     if span <= 0:
         return target
     progress = min(max((done - warm_steps) / span, 0.0), 1.0)
-    return target * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return target * DECAYS[decay](progress)
