@@ -171,9 +171,12 @@ def _version(package: str) -> str | None:
 def provenance() -> dict:
     """Where and on what a result was measured (load average taken now: call it at the
     start of a run; :func:`write_result` adds the load at the end)."""
-    commit = first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "-uno"],
-                           capture_output=True, text=True, check=False).stdout.strip()
+    if os.environ.get("HPCAI_GIT_COMMIT"):   # a copy of the tree without .git names it
+        commit, dirty = os.environ["HPCAI_GIT_COMMIT"], os.environ.get("HPCAI_GIT_DIRTY", "")
+    else:
+        commit = first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, check=False).stdout.strip()
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
                   if ln.startswith("model name")), platform.processor())
@@ -184,6 +187,7 @@ def provenance() -> dict:
         "kernel": platform.release(), "python": platform.python_version(),
         "python_executable": sys.executable,
         "open_mpi": first_line(["mpirun.openmpi", "--version"]),
+        "gpus": first_line(["nvidia-smi", "-L"]),
         "threads_env": {k: os.environ.get(k) for k in THREAD_VARS},
         "packages": {p: _version(p) for p in PACKAGES},
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],

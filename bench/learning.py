@@ -19,6 +19,11 @@ It passes when, for every seed,
     python bench/learning.py [--seeds 1,2,3] [--epochs 6] [--max-steps 16] [--events 1024]
                              [--batch-size 4] [--validate-events 128] [--json PATH]
                              [--train-arg=--optimizer --train-arg=rmsprop ...]
+                             [--launch-arg=ARG ...] [--jobs N] [--workdir DIR]
+
+With a constant learning rate the JSON's ``budgets`` also says, for every validation, whether
+the criteria would have held had the runs stopped there (a shorter run is the longer run's
+first steps exactly), so one long run measures the budget the criteria need.
 
 A seed whose generator has died (every generated shower empty in ``--stop-dead``
 validations in a row, default 2) is stopped early with SIGTERM and fails: the output ReLU then
@@ -34,6 +39,7 @@ small for the criteria; the JSON then shows how far each metric got, and a large
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -43,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from common import loopback_env, provenance
@@ -59,7 +66,8 @@ ALIVE_EMPTY = 0.5   # at most this share of generated showers empty: an empty sh
 
 def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"seed{seed}"
-    argv = ["hpcai-launch", "-N", str(args.ranks), "--", "train", "3dgan", "--generate",
+    argv = ["hpcai-launch", "-N", str(args.ranks), *args.launch_args, "--", "train", "3dgan",
+            "--generate",
             str(args.events), "--seed", str(seed), "--epochs", str(args.epochs),
             "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
             "--validate-every", "1", "--validate-events", str(args.validate_events),
@@ -67,11 +75,19 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     print("$ " + " ".join(argv), flush=True)
     start = time.monotonic()
     dead_at = None
+    deadline_hit = False
     proc = subprocess.Popen(argv, env=loopback_env(), text=True)
     try:
         while proc.poll() is None:
             if time.monotonic() - start > args.timeout:
                 raise SystemExit(f"error: seed {seed}: no result within {args.timeout:.0f} s")
+            if args.deadline and time.monotonic() - start > args.deadline:
+                print(f"seed {seed}: --deadline {args.deadline:.0f} s reached, stopping it "
+                      "(SIGTERM: a checkpoint, then exit)", flush=True)
+                deadline_hit = True
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=300)
+                break
             dead_at = dead_epoch(out / "physics.json", args.stop_dead)
             if dead_at is not None:
                 print(f"seed {seed}: every generated shower empty in {args.stop_dead} "
@@ -86,7 +102,7 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             proc.kill()
             proc.wait()
     wall = time.monotonic() - start
-    if proc.returncode != 0 and dead_at is None:
+    if proc.returncode != 0 and dead_at is None and not deadline_hit:
         raise SystemExit(f"error: seed {seed}: training exited {proc.returncode}")
     doc = json.loads((out / "physics.json").read_text())
     validations = doc["validations"]
@@ -94,13 +110,21 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
              "end": validations[-1]}
     last_bins = [b for b in validations[-1]["bins"] if b["events"]]
     return {"seed": seed, "wall_s": round(wall, 1), "command": argv,
-            "stopped_dead_at_epoch": dead_at,
+            "stopped_dead_at_epoch": dead_at, "stopped_at_deadline": deadline_hit,
             "held_out": doc["held_out"],
             "at": {k: {"epoch": v["epoch"], **v["summary"]} for k, v in picks.items()},
             "sampling_fraction_rel_diff_per_bin_end": {
                 bin_label(b): b["sampling_fraction_rel_diff"] for b in last_bins},
             "end_bins": [end_bin(b) for b in last_bins],
-            "history": [{"epoch": v["epoch"], **v["summary"]} for v in validations]}
+            "history": [{"epoch": v["epoch"], **v["summary"],
+                         "sampling_fraction_rel_diff_per_bin": per_bin(v)}
+                        for v in validations]}
+
+
+def per_bin(validation: dict) -> dict[str, float | None]:
+    """The generated/real - 1 sampling fraction of every energy bin that has events."""
+    return {bin_label(b): b["sampling_fraction_rel_diff"] for b in validation["bins"]
+            if b["events"]}
 
 
 def bin_label(b: dict) -> str:
@@ -164,6 +188,52 @@ def judge(runs: list[dict]) -> dict:
     return {"checks": checks, "passed": all(checks.values())}
 
 
+def ended_at(run: dict, k: int) -> dict:
+    """``run`` as if it had stopped after its validation ``k`` (0-based): history, start,
+    middle and end points cut there (``end_bins``, of the real last validation, dropped
+    when that is cut off). With a constant learning rate a shorter run is this run's first
+    steps, step for step (deterministic), so one long run measures every shorter budget."""
+    history = run["history"][:k + 1]
+    end = history[-1]
+    at = {"start": history[0], "middle": history[len(history) // 2], "end": end}
+    cut = {**run, "history": history,
+           "at": {p: {key: v for key, v in h.items()
+                      if key != "sampling_fraction_rel_diff_per_bin"} for p, h in at.items()},
+           "sampling_fraction_rel_diff_per_bin_end": end["sampling_fraction_rel_diff_per_bin"]}
+    if k + 1 < len(run["history"]):
+        cut.pop("end_bins", None)
+        cut["cut_after_epoch"] = end["epoch"]
+    return cut
+
+
+def budgets(runs: list[dict], steps_per_epoch: int) -> dict | None:
+    """The verdict had the runs stopped after each validation: the steps at every validation
+    that passes, the first such, and the share of later validations that pass too (None
+    for runs without per-bin history, or with seeds stopped at different epochs)."""
+    if not runs or any("sampling_fraction_rel_diff_per_bin" not in h
+                       for r in runs for h in r["history"]):
+        return None
+    common = min(len(r["history"]) for r in runs)
+    epochs = [h["epoch"] for h in runs[0]["history"][:common]]
+    passing = [epoch for k, epoch in enumerate(epochs)
+               if judge([ended_at(r, k) for r in runs])["passed"]]
+    first = passing[0] if passing else None
+    later = [e for e in epochs if first is not None and e >= first]
+    return {"steps_per_epoch": steps_per_epoch, "validations": len(epochs),
+            "passing_steps": [(e + 1) * steps_per_epoch for e in passing],
+            "first_passing_steps": None if first is None else (first + 1) * steps_per_epoch,
+            "passing_share_from_first": (round(len(passing) / len(later), 3) if later
+                                         else None)}
+
+
+def constant_rate(args: argparse.Namespace) -> bool:
+    """No learning-rate decay among the training arguments: a decay depends on the whole
+    run's length, so a shorter run is not a prefix of a longer one."""
+    flat = " ".join(args.train_args).replace("=", " ").split()
+    return ("--lr-decay" not in flat
+            or flat[flat.index("--lr-decay") + 1:][:1] == ["none"])
+
+
 def table(runs: list[dict]) -> str:
     lines = [f"{'metric':34s} {'point':6s} " + " ".join(f"seed {r['seed']:<5d}" for r in runs)
              + "   median   spread"]
@@ -187,12 +257,15 @@ def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
         "budget": {"ranks": args.ranks, "epochs": args.epochs, "steps_per_epoch": args.max_steps,
                    "batch_per_rank": args.batch_size, "training_events": args.events,
                    "validate_events": args.validate_events, "train_args": args.train_args,
-                   "stop_dead": args.stop_dead},
+                   "stop_dead": args.stop_dead, "launch_args": args.launch_args,
+                   "jobs": args.jobs},
         "wall_time_s": round(time.monotonic() - start, 1), "seeds": seeds,
         "complete": len(runs) == len(seeds),
         "criteria": {"sampling_fraction_tolerance": SAMPLING_FRACTION_TOLERANCE,
                      "distance_fall": DISTANCE_FALL, "alive_max_empty": ALIVE_EMPTY},
-        "verdict": judge(runs), "runs": runs}, indent=1) + "\n")
+        "verdict": judge(runs),
+        "budgets": budgets(runs, args.max_steps) if constant_rate(args) else None,
+        "runs": runs}, indent=1) + "\n")
 
 
 def main() -> int:
@@ -211,6 +284,18 @@ def main() -> int:
     parser.add_argument("--stop-dead", type=int, default=2, metavar="K",
                         help="stop a seed after K validations in a row with every generated "
                         "shower empty (0: never); the seed then fails")
+    parser.add_argument("--deadline", type=float, default=0, metavar="S",
+                        help="stop each seed (SIGTERM) after S seconds and judge every seed "
+                        "at the last validation all of them reached (0: run every epoch)")
+    parser.add_argument("--launch-arg", dest="launch_args", action="append", default=[],
+                        metavar="ARG", help="passed on to hpcai-launch, e.g. "
+                        "--launch-arg=--threads-per-rank --launch-arg=2 (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds trained at once (for a machine with cores or a GPU to "
+                        "spare; train's --device cuda shares the GPU)")
+    parser.add_argument("--workdir", default=None,
+                        help="keep each seed's run directory (physics.json, PNGs) here "
+                        "(default: a temporary directory, removed)")
     parser.add_argument("--json", default=None,
                         help="default bench/results/learning-HOST.json")
     args = parser.parse_args()
@@ -220,10 +305,19 @@ def main() -> int:
     path = Path(args.json or REPO / "bench" / "results" / f"learning-{socket.gethostname()}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in seeds:
-            runs.append(run_seed(seed, args, Path(tmp)))
+    with contextlib.ExitStack() as stack:
+        workdir = (Path(args.workdir) if args.workdir
+                   else Path(stack.enter_context(tempfile.TemporaryDirectory())))
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=max(1, args.jobs)))
+        for done in as_completed([pool.submit(run_seed, seed, args, workdir)
+                                  for seed in seeds]):
+            runs.append(done.result())
+            runs.sort(key=lambda r: seeds.index(r["seed"]))
             write(path, args, info, seeds, runs, start)  # an interrupted run keeps its seeds
+    if any(r["stopped_at_deadline"] for r in runs):
+        common = min(len(r["history"]) for r in runs)
+        runs = [ended_at(r, common - 1) for r in runs]
+        write(path, args, info, seeds, runs, start)
     verdict = judge(runs)
     print("\nheld-out metrics (first, middle and last validation) over "
           f"{len(runs)} seed(s):\n" + table(runs))
@@ -231,6 +325,11 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print("PASSED" if verdict["passed"] else "NOT PASSED: the budget is too small or the "
           "model does not learn; see the numbers above")
+    shorter = budgets(runs, args.max_steps) if constant_rate(args) else None
+    if shorter is not None:
+        print(f"stopped after each validation, the criteria hold at steps "
+              f"{shorter['passing_steps'] or 'none'}; first {shorter['first_passing_steps']}, "
+              f"then in {shorter['passing_share_from_first']} of the later validations")
     print(f"wrote {path}")   # after the last seed, complete
     return 0 if verdict["passed"] else 1
 

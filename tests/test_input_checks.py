@@ -174,6 +174,13 @@ def test_options_of_the_other_launcher(box):
     (["--lr-decay", "cosine", "--warmup-epochs", "2"],
      "--lr-decay cosine with --warmup-epochs 2 and --epochs 2: the warm-up fills the run"),
     (["--lr-decay", "step"], "argument --lr-decay: invalid choice: 'step'"),
+    (["--device", "cuda", "--comm", "gloo"],
+     "--device cuda is implemented for --framework pytorch with --comm mpi only"),
+    (["--device", "cuda", "--framework", "tensorflow"],
+     "--device cuda is implemented for --framework pytorch with --comm mpi only"),
+    # the pinned torch is a CPU build: no GPU on any machine this suite runs on
+    (["--device", "cuda"], "--device cuda, but PyTorch 2.13.0+cpu sees no CUDA GPU on this node"),
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,

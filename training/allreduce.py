@@ -15,7 +15,8 @@ the fastest rank waited for the slowest (load imbalance, reported apart from the
 
 The transport is MPI (mpi4py: whatever libmpi it loaded, the host MPI when the launcher
 bound it in), torch.distributed's gloo or Horovod, so all are measured with the same
-bucketing.
+bucketing. On a GPU (``train --device cuda``) the buckets live in device memory and the MPI
+transport reduces a host copy of each (``_Staged``), then copies the sum back.
 """
 
 from __future__ import annotations
@@ -41,13 +42,22 @@ class MpiTransport:
         self.size = comm.Get_size()
 
     def start(self, flat: torch.Tensor):
-        return self.comm.Iallreduce(self._mpi.IN_PLACE, flat.numpy(), op=self._mpi.SUM)
+        """An ``MPI.Request``; for a GPU tensor a :class:`_Staged` one (host copy)."""
+        if flat.device.type == "cpu":
+            return self.comm.Iallreduce(self._mpi.IN_PLACE, flat.numpy(), op=self._mpi.SUM)
+        host = flat.cpu()
+        request = self.comm.Iallreduce(self._mpi.IN_PLACE, host.numpy(), op=self._mpi.SUM)
+        return _Staged(request, host, flat)
 
     def blocking(self, flat: torch.Tensor) -> None:
-        self.comm.Allreduce(self._mpi.IN_PLACE, flat.numpy(), op=self._mpi.SUM)
+        self.wait_all([self.start(flat)])
 
     def wait_all(self, handles) -> None:
-        self._mpi.Request.Waitall(list(handles))
+        handles = list(handles)
+        self._mpi.Request.Waitall([_request(h) for h in handles])
+        for handle in handles:
+            if isinstance(handle, _Staged):
+                handle.flat.copy_(handle.host)
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -55,7 +65,21 @@ class MpiTransport:
     def poke(self, handles) -> None:
         """Let MPI progress outstanding requests (no progress thread in most MPIs)."""
         if handles:
-            self._mpi.Request.Testall(list(handles))
+            self._mpi.Request.Testall([_request(h) for h in handles])
+
+
+@dataclass
+class _Staged:
+    """A GPU tensor's allreduce: MPI works on ``host`` (a copy), ``flat`` gets the sum back
+    in ``MpiTransport.wait_all``. MPI is not assumed to read device memory (CUDA-aware)."""
+
+    request: object
+    host: torch.Tensor
+    flat: torch.Tensor
+
+
+def _request(handle):
+    return handle.request if isinstance(handle, _Staged) else handle
 
 
 class TorchDistTransport:
@@ -115,7 +139,8 @@ def _grad_view(flat: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor
 
 
 def _arenas(groups: list[list[torch.nn.Parameter]]) -> list[torch.Tensor]:
-    """One zeroed flat buffer per bucket, all buckets of a dtype slices of one allocation.
+    """One zeroed flat buffer per bucket, all buckets of a dtype slices of one allocation,
+    on the parameters' device.
 
     The allocation is numpy's, which asks Linux for transparent huge pages
     (``madvise(MADV_HUGEPAGE)``) on large arrays; torch's allocator does not. Open MPI's
@@ -129,7 +154,11 @@ def _arenas(groups: list[list[torch.nn.Parameter]]) -> list[torch.Tensor]:
         dtype = group[0].dtype
         totals[dtype] = totals.get(dtype, 0) + sum(p.numel() for p in group)
     arena = {}
+    device = groups[0][0].device if groups else torch.device("cpu")
     for dtype, n in totals.items():
+        if device.type != "cpu":
+            arena[dtype] = torch.zeros(n, dtype=dtype, device=device)
+            continue
         try:
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         except TypeError:   # no numpy twin (bfloat16): torch's own allocation

@@ -35,6 +35,7 @@ DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
 IMAGE_DEFAULTS = {"samples": 256, "image_size": 224, "classes": 1000}   # ResNet only
 BUCKET_MB = 4.0
 VALIDATE_EVERY, VALIDATE_EVENTS = 1, 256   # 3dgan physics validation
+DEVICES = ("cpu", "cuda")
 TRAIN_PROGRAMS = ("train", "hpcai-train")
 TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")
 
@@ -77,6 +78,7 @@ class TrainConfig:
     bn_axis: str = "channels"         # 3dgan BatchNorm over "channels" or "depth" ([CERN])
     d_bn_in_g_steps: str = "freeze"   # 3dgan D's BatchNorm statistics in the G steps
     cell_scale: float = 1.0           # 3dgan cells seen by the networks: GeV x cell_scale
+    device: str = "cpu"               # "cuda": each rank on GPU (local rank mod GPUs)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -178,6 +180,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "2019 trainer behind the papers; 100 as its 2020 version); the ecal "
                         "loss, physics validation and generated showers stay in GeV "
                         "(docs/3dgan.md)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="cuda: each rank computes on a GPU (its local rank modulo the GPUs "
+                        "it sees); gradients and broadcasts are copied through host memory "
+                        "for MPI. PyTorch with --comm mpi only")
     return p
 
 
@@ -207,7 +213,7 @@ def parse(argv: list[str]) -> TrainConfig:
         validate_events=(VALIDATE_EVENTS if ns.validate_events is None
                          else ns.validate_events), bn_axis=ns.bn_axis,
         d_bn_in_g_steps=ns.d_bn_in_g_steps,
-        cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale)
+        cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device)
     check_numbers(cfg)
     return cfg
 
@@ -243,6 +249,11 @@ def check_options(ns: argparse.Namespace) -> None:
             if value != default:
                 raise UserError(f"{flag} {value} is implemented for PyTorch only",
                                 f"use --framework pytorch, or leave {flag} out ({default})")
+    if ns.device != "cpu" and (ns.framework, ns.comm) != ("pytorch", "mpi"):
+        raise UserError(f"--device {ns.device} is implemented for --framework pytorch with "
+                        f"--comm mpi only, not --framework {ns.framework} --comm {ns.comm}",
+                        "use --framework pytorch --comm mpi (the defaults), or leave "
+                        "--device out (cpu)")
     if ns.bucket_mb is not None and ns.framework == "tensorflow" and ns.comm == "horovod":
         raise UserError("--bucket-mb has no effect with --framework tensorflow --comm "
                         "horovod: Horovod fuses the tensors itself",
@@ -351,6 +362,19 @@ def check_output_dir(out: Path) -> None:
     if problem:
         raise UserError(f"output directory {out} is not writable ({problem})",
                         "choose a writable --out, e.g. on $SCRATCH or $HOME")
+
+
+def check_device(cfg: TrainConfig) -> None:
+    """--device cuda: this rank's PyTorch sees a CUDA GPU (before MPI starts)."""
+    if cfg.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"--device cuda, but PyTorch {torch.__version__} sees no CUDA GPU on "
+                        "this node (torch.cuda.is_available() is False)",
+                        "leave --device out (cpu), or run on a GPU node with a PyTorch built "
+                        "for CUDA")
 
 
 def check_framework(cfg: TrainConfig) -> None:

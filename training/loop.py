@@ -25,7 +25,7 @@ from ..core.cli import say_error
 from ..core.errors import UserError
 
 from . import checkpoint
-from .config import TrainConfig, check_comm, check_framework, check_output_dir
+from .config import TrainConfig, check_comm, check_device, check_framework, check_output_dir
 from .faults import Preemption
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ def preflight(cfg: TrainConfig) -> Checked:
     check_output_dir(cfg.out_dir)
     check_framework(cfg)
     check_comm(cfg.comm, cfg.framework)
+    check_device(cfg)
     index, held_out = _data_index(cfg)
     resume_from = (checkpoint.load_for_resume(cfg.checkpoint_dir, cfg.framework)
                    if cfg.resume else None)

@@ -3,7 +3,8 @@ sample (counted by ``torch.utils.flop_counter``).
 
 A task owns no communication: ``train_step`` takes an ``after_backward(module)`` callback that
 the engine uses to average gradients before each optimiser step. Batches arrive as NumPy
-arrays and are wrapped as tensors without a copy.
+arrays and are wrapped as tensors without a copy (copied once to the GPU with ``--device
+cuda``); what goes back to NumPy is copied to the host.
 """
 
 from __future__ import annotations
@@ -69,10 +70,13 @@ class GanTask:
     flop_convention = FLOP_CONVENTION
     loss_keys = ("d_real", "d_fake", "g", "d_real_aux", "g1_aux", "g1_ecal")
 
-    def __init__(self, cfg: TrainConfig, lr: float) -> None:
-        init = torch.Generator().manual_seed(cfg.seed)
-        self.G = gan3d.Generator(rng=init, bn_axis=cfg.bn_axis)
-        self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis, cell_scale=cfg.cell_scale)
+    def __init__(self, cfg: TrainConfig, lr: float,
+                 device: torch.device = torch.device("cpu")) -> None:
+        init = torch.Generator().manual_seed(cfg.seed)   # the same weights on any device
+        self.device = device
+        self.G = gan3d.Generator(rng=init, bn_axis=cfg.bn_axis).to(device)
+        self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis,
+                                     cell_scale=cfg.cell_scale).to(device)
         self.d_bn_in_g_steps = cfg.d_bn_in_g_steps
         self.cell_scale = cfg.cell_scale   # data in GeV; the networks see GeV x cell_scale
         if cfg.channels_last:
@@ -92,15 +96,16 @@ class GanTask:
 
     def train_step(self, x: np.ndarray, e: np.ndarray, rng: torch.Generator,
                    after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
-        x, e = self._to_network(x), torch.from_numpy(e)
+        x, e = self._to_network(x), torch.from_numpy(e).to(self.device)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
                                    after_backward, self.d_bn_in_g_steps)
 
     def _to_network(self, x: np.ndarray) -> torch.Tensor:
-        """Cells in GeV -> the networks' units (a new tensor when scaled; ``x`` untouched)."""
-        t = torch.from_numpy(x)
+        """Cells in GeV -> the networks' units on the task's device (a new tensor when scaled
+        or moved; ``x`` untouched)."""
+        t = torch.from_numpy(x).to(self.device)
         return t * self.cell_scale if self.cell_scale != 1.0 else t
 
     @torch.no_grad()
@@ -112,11 +117,11 @@ class GanTask:
         ``gen_sum_over_f``: mean Σ(G) / f(E') of generated showers (1 is right);
         ``real_sum_over_f``: the same for the real events, for reference.
         """
-        x, e = torch.from_numpy(x), torch.from_numpy(e)
+        x, e = torch.from_numpy(x).to(self.device), torch.from_numpy(e).to(self.device)
         with _batch_statistics(self.G), _batch_statistics(self.D):
             _, aux, _ = self.D(x * self.cell_scale)
             ev = e.view(-1, 1)
-            rng = torch.Generator().manual_seed(4321)
+            rng = torch.Generator(self.device).manual_seed(4321)
             e_gen, _, latent = gan3d.sample_inputs(x.shape[0], rng)
             generated = self.G(latent) / self.cell_scale
             f_gen = gan3d.sampling_fraction(e_gen).view(-1)
@@ -140,13 +145,13 @@ class GanTask:
         try:
             for start in range(0, len(e), chunk):
                 xs = self._to_network(x[start:start + chunk])
-                es = torch.from_numpy(e[start:start + chunk]).view(-1, 1)
-                gs = self.G(es * torch.from_numpy(z[start:start + chunk]))
+                es = torch.from_numpy(e[start:start + chunk]).to(self.device).view(-1, 1)
+                gs = self.G(es * torch.from_numpy(z[start:start + chunk]).to(self.device))
                 if self.channels_last:
                     xs = xs.contiguous(memory_format=torch.channels_last_3d)
-                generated.append((gs / self.cell_scale).contiguous().numpy())
-                aux_real.append(self.D(xs)[1].view(-1).numpy())
-                aux_gen.append(self.D(gs)[1].view(-1).numpy())
+                generated.append((gs / self.cell_scale).contiguous().cpu().numpy())
+                aux_real.append(self.D(xs)[1].view(-1).cpu().numpy())
+                aux_gen.append(self.D(gs)[1].view(-1).cpu().numpy())
         finally:
             for m, mode in modes:
                 m.training = mode
@@ -157,9 +162,9 @@ class GanTask:
         G, D = copy.deepcopy(self.G), copy.deepcopy(self.D)
         opt_g = torch.optim.SGD(G.parameters(), lr=0.0)
         opt_d = torch.optim.SGD(D.parameters(), lr=0.0)
-        x = torch.rand(batch, 1, 25, 25, 25)
-        e = torch.full((batch,), 1.0)
-        rng = torch.Generator().manual_seed(0)
+        x = torch.rand(batch, 1, 25, 25, 25, device=self.device)
+        e = torch.full((batch,), 1.0, device=self.device)
+        rng = torch.Generator(self.device).manual_seed(0)
         return count_flops(lambda: gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng)) / batch
 
 
@@ -169,10 +174,12 @@ class ResNetTask:
     loss_keys = ("loss", "accuracy")
     flop_convention = FLOP_CONVENTION
 
-    def __init__(self, cfg: TrainConfig, lr: float) -> None:
+    def __init__(self, cfg: TrainConfig, lr: float,
+                 device: torch.device = torch.device("cpu")) -> None:
         torch.manual_seed(cfg.seed)
         net = (resnet.resnet50(num_classes=cfg.classes) if cfg.model == "resnet50"
-               else resnet.resnet_tiny(num_classes=cfg.classes))
+               else resnet.resnet_tiny(num_classes=cfg.classes)).to(device)
+        self.device = device
         self.channels_last = cfg.channels_last
         self.net = net.to(memory_format=torch.channels_last) if cfg.channels_last else net
         self.opt = make_optimizer(cfg.optimizer, self.net.parameters(), lr)
@@ -192,7 +199,7 @@ class ResNetTask:
 
     def train_step(self, x: np.ndarray, y: np.ndarray, rng: torch.Generator,
                    after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
-        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         self.net.train()
         self.opt.zero_grad(set_to_none=False)
         logits = self.net(self._prepare(x))
@@ -206,7 +213,7 @@ class ResNetTask:
 
     @torch.no_grad()
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         was = self.net.training
         self.net.eval()
         try:
@@ -218,8 +225,9 @@ class ResNetTask:
 
     def flops_per_sample(self, batch: int = 2) -> float:
         net = copy.deepcopy(self.net)
-        x = self._prepare(torch.randn(batch, 3, self.image_size, self.image_size))
-        y = torch.zeros(batch, dtype=torch.long)
+        x = self._prepare(torch.randn(batch, 3, self.image_size, self.image_size,
+                                      device=self.device))
+        y = torch.zeros(batch, dtype=torch.long, device=self.device)
 
         def step() -> None:
             F.cross_entropy(net(x), y).backward()
@@ -227,5 +235,6 @@ class ResNetTask:
         return count_flops(step) / batch
 
 
-def make_task(cfg: TrainConfig, lr: float):
-    return GanTask(cfg, lr) if cfg.model == "3dgan" else ResNetTask(cfg, lr)
+def make_task(cfg: TrainConfig, lr: float, device: torch.device = torch.device("cpu")):
+    return (GanTask(cfg, lr, device) if cfg.model == "3dgan"
+            else ResNetTask(cfg, lr, device))

@@ -5,11 +5,13 @@ says how PyTorch does each framework step: broadcast and fingerprint the paramet
 buffers (NumPy views of the tensors), average the gradients (hpcai's buckets over mpi4py,
 torch.distributed's gloo, or Horovod), set the learning rate, write ``torch.save``
 checkpoints (``checkpoint.read`` loads them), seed the step's randomness and probe the GEMM
-peak.
+peak. With ``--device cuda`` the models and batches live on the rank's GPU and whatever MPI
+touches is copied through host memory.
 """
 
 from __future__ import annotations
 
+import os
 from typing import BinaryIO, Iterable
 
 import numpy as np
@@ -32,24 +34,51 @@ def _tensors(modules: Iterable[torch.nn.Module], buffers: bool) -> list[torch.Te
 
 
 def module_arrays(modules: Iterable[torch.nn.Module], buffers: bool = True) -> list[np.ndarray]:
-    """NumPy views of every parameter (and buffer) of ``modules``, for ``replicas.verify``."""
-    return [t.numpy() for t in _tensors(modules, buffers)]
+    """NumPy views of every parameter (and buffer) of ``modules`` (host copies of GPU
+    tensors), for ``replicas.verify``."""
+    return [t.cpu().numpy() for t in _tensors(modules, buffers)]
+
+
+def _host(t: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """(a NumPy array MPI can fill or read, whether ``t`` needs it copied back)."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t.numpy(), False
+    return t.contiguous().cpu().numpy(), True
 
 
 def broadcast_state(modules: Iterable[torch.nn.Module], comm, root: int = 0) -> None:
     """Overwrite every rank's parameters and buffers with rank ``root``'s, in place."""
     for t in _tensors(modules, buffers=True):
-        array = t.numpy() if t.is_contiguous() else t.contiguous().numpy()
+        array, copy_back = _host(t)
         comm.Bcast(array, root=root)
-        if not t.is_contiguous():
+        if copy_back:
             t.copy_(torch.from_numpy(array))
 
 
-def gemm_peak_gflops() -> float:
-    """Best-of-8 fp32 2048^3 ``torch.mm`` rate with this process's torch threads."""
-    a = torch.randn(2048, 2048)
-    b = torch.randn(2048, 2048)
-    return best_gemm_gflops(lambda: torch.mm(a, b))
+def gemm_peak_gflops(device: torch.device = torch.device("cpu")) -> float:
+    """Best-of-8 fp32 2048^3 ``torch.mm`` rate on ``device`` (on the CPU with this process's
+    torch threads)."""
+    a = torch.randn(2048, 2048, device=device)
+    b = torch.randn(2048, 2048, device=device)
+    if device.type == "cpu":
+        return best_gemm_gflops(lambda: torch.mm(a, b))
+
+    def multiply() -> None:
+        torch.mm(a, b)
+        torch.cuda.synchronize(device)
+
+    return best_gemm_gflops(multiply)
+
+
+def rank_device(kind: str) -> torch.device:
+    """``cpu``, or for ``cuda`` this rank's GPU: its local rank (the launcher's LOCAL_RANK)
+    modulo the GPUs it sees, made the current one."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    device = torch.device(kind, local % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 class TorchTrainer(Trainer):
@@ -58,8 +87,12 @@ class TorchTrainer(Trainer):
     def _threads(self) -> int:
         return torch.get_num_threads()
 
+    def __init__(self, cfg, *args, **kwargs) -> None:
+        self.device = rank_device(cfg.device)
+        super().__init__(cfg, *args, **kwargs)
+
     def _make_task(self):
-        return make_task(self.cfg, self.target_lr)
+        return make_task(self.cfg, self.target_lr, self.device)
 
     def _make_reducers(self) -> dict:
         cfg = self.cfg
@@ -92,7 +125,10 @@ class TorchTrainer(Trainer):
                 if (isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
                         and m.running_mean is not None):
                     for buf in (m.running_mean, m.running_var):
-                        self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
+                        array, copy_back = _host(buf)
+                        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+                        if copy_back:
+                            buf.copy_(torch.from_numpy(array))
                         buf.div_(self.world)
 
     def _apply_lr(self, lr: float) -> None:
@@ -114,11 +150,16 @@ class TorchTrainer(Trainer):
         torch.save(state, handle)
 
     def _step_rng(self, seed: int) -> torch.Generator:
-        torch.manual_seed(seed)   # dropout draws from the global generator
-        return torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)   # dropout draws from the global generator (every device's)
+        return torch.Generator(self.device).manual_seed(seed)
 
     def _gemm_probe(self) -> tuple[float, str]:
-        return gemm_peak_gflops(), "fp32 GEMM 2048^3 (torch.mm)"
+        where = ("" if self.device.type == "cpu"
+                 else f" on {torch.cuda.get_device_name(self.device)}")
+        return gemm_peak_gflops(self.device), f"fp32 GEMM 2048^3 (torch.mm){where}"
 
     def _framework_version(self) -> str:
-        return torch.__version__
+        if self.device.type == "cpu":
+            return torch.__version__
+        return (f"{torch.__version__} (CUDA {torch.version.cuda}, "
+                f"{torch.cuda.get_device_name(self.device)})")

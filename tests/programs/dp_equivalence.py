@@ -18,9 +18,11 @@ lr 0.01 the generator's initial gradients blow its weights up to ~1e88 by the th
 
 Saved: every parameter before (``init.NAME``) and after (``NAME``) the 3 steps, so that the
 test compares the updates. ``--no-average`` leaves the gradients alone (each rank steps on its
-own rows): the control that shows the comparison can fail.
+own rows): the control that shows the comparison can fail. ``--device cuda`` runs the models
+on the rank's GPU (``torch_trainer.rank_device``), so the allreduce goes through host copies.
 
-usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average]   MODEL: mlp | gan-d | gan-g
+usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average] [--device cuda]
+       MODEL: mlp | gan-d | gan-g
 """
 
 import sys
@@ -32,7 +34,7 @@ from mpi4py import MPI
 from hpcai.models import gan3d
 from hpcai.models.gan3d_spec import LATENT, weighted_loss
 from hpcai.training.allreduce import GradAllreducer, MpiTransport
-from hpcai.training.torch_trainer import broadcast_state
+from hpcai.training.torch_trainer import broadcast_state, rank_device
 
 GLOBAL = 4 if sys.argv[1] == "mlp" else 2
 LR = {"mlp": 0.01, "gan-d": 1e-3, "gan-g": 1e-6}
@@ -41,6 +43,8 @@ rank, world = comm.Get_rank(), comm.Get_size()
 model_name, out = sys.argv[1], sys.argv[2]
 overlap = "--blocking" not in sys.argv
 average = "--no-average" not in sys.argv
+device = rank_device(sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv
+                     else "cpu")
 torch.manual_seed(0)
 data = torch.Generator().manual_seed(42)
 
@@ -90,9 +94,13 @@ else:
                  gan3d.mape(gan3d.sampling_fraction(e), ecal))
         return weighted_loss(parts)
 
+if model_name == "gan-g":
+    critic.to(device)
+model.to(device)
+batches = [(x.to(device), y.to(device)) for x, y in batches]
 no_dropout_eval_bn(model)
 broadcast_state([model], comm)
-initial = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+initial = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
 reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap) \
     if average else None
 opt = torch.optim.SGD(model.parameters(), lr=LR[model_name], momentum=0.9)
@@ -105,5 +113,5 @@ for x, y in batches:
         reducer.synchronize()
     opt.step()
 if rank == 0:
-    np.savez(out, **{name: p.detach().numpy() for name, p in model.named_parameters()},
+    np.savez(out, **{name: p.detach().cpu().numpy() for name, p in model.named_parameters()},
              **{f"init.{name}": a for name, a in initial.items()})
