@@ -9,7 +9,8 @@
 # the README's GPU section). It installs them under /tmp, makes hpcai-launch and train
 # wrappers, checks data-parallel equivalence on the GPU (bench/gpu_equivalence.py, with its
 # control), then runs bench/learning.py with --device cuda, all seeds at once, each stopped
-# after SECONDS minus what the check took (--deadline). Everything it writes goes to OUTDIR.
+# after SECONDS minus what the check took (--deadline; SECONDS 0: the check alone). Everything
+# it writes goes to OUTDIR.
 set -uo pipefail
 OUTDIR=$(realpath -m "${1:?OUTDIR}"); SECONDS_LEFT=${2:?SECONDS}; shift 2
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +33,7 @@ python3 -c 'import torch, mpi4py, numpy, h5py, matplotlib; print("torch", torch.
 cd "$OUTDIR" || exit 3   # not the checkout: everything works from any directory
 python3 "$ROOT/bench/gpu_equivalence.py" --device cuda --json "$OUTDIR/gpu_equivalence.json" \
   || echo "gpu_equivalence failed"
+[ "$SECONDS_LEFT" = 0 ] && exit 0   # the equivalence check alone
 left=$(( SECONDS_LEFT - ($(date +%s) - t0) ))
 echo "learning: $left s left for the seeds"
 python3 "$ROOT/bench/learning.py" --deadline "$left" --timeout $((left + 300)) \
