@@ -106,11 +106,14 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
         raise SystemExit(f"error: seed {seed}: training exited {proc.returncode}")
     doc = json.loads((out / "physics.json").read_text())
     validations = doc["validations"]
+    records = [json.loads(line) for line in
+               (out / "epochs.jsonl").read_text().splitlines() if line.strip()]
     picks = {"start": validations[0], "middle": validations[len(validations) // 2],
              "end": validations[-1]}
     last_bins = [b for b in validations[-1]["bins"] if b["events"]]
     return {"seed": seed, "wall_s": round(wall, 1), "command": argv,
             "stopped_dead_at_epoch": dead_at, "stopped_at_deadline": deadline_hit,
+            "steps_per_epoch": records[0]["steps"],   # --max-steps, or fewer: the data's
             "held_out": doc["held_out"],
             "at": {k: {"epoch": v["epoch"], **v["summary"]} for k, v in picks.items()},
             "sampling_fraction_rel_diff_per_bin_end": {
@@ -248,13 +251,28 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def steps_per_epoch(args: argparse.Namespace, runs: list[dict]) -> int:
+    """The steps each epoch really ran (the data caps --max-steps), where the runs say."""
+    return runs[0].get("steps_per_epoch", args.max_steps) if runs else args.max_steps
+
+
+def epochs_run(args: argparse.Namespace, runs: list[dict]) -> int:
+    """--epochs, or the validations (one per epoch) all seeds reached before a deadline."""
+    if any(r.get("stopped_at_deadline") for r in runs):
+        return min(len(r["history"]) for r in runs)
+    return args.epochs
+
+
 def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
           runs: list[dict], start: float) -> None:
     """The JSON so far: ``complete`` is false until every seed has run; verdict on those."""
     info["load_average_at_end"] = os.getloadavg()
+    steps = steps_per_epoch(args, runs)
     path.write_text(json.dumps({
         "benchmark": "learning", "provenance": info,
-        "budget": {"ranks": args.ranks, "epochs": args.epochs, "steps_per_epoch": args.max_steps,
+        "budget": {"ranks": args.ranks, "epochs": epochs_run(args, runs),
+                   "epochs_option": args.epochs, "steps_per_epoch": steps,
+                   "max_steps_option": args.max_steps, "deadline_s": args.deadline,
                    "batch_per_rank": args.batch_size, "training_events": args.events,
                    "validate_events": args.validate_events, "train_args": args.train_args,
                    "stop_dead": args.stop_dead, "launch_args": args.launch_args,
@@ -264,7 +282,7 @@ def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
         "criteria": {"sampling_fraction_tolerance": SAMPLING_FRACTION_TOLERANCE,
                      "distance_fall": DISTANCE_FALL, "alive_max_empty": ALIVE_EMPTY},
         "verdict": judge(runs),
-        "budgets": budgets(runs, args.max_steps) if constant_rate(args) else None,
+        "budgets": budgets(runs, steps) if constant_rate(args) else None,
         "runs": runs}, indent=1) + "\n")
 
 
@@ -325,7 +343,7 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print("PASSED" if verdict["passed"] else "NOT PASSED: the budget is too small or the "
           "model does not learn; see the numbers above")
-    shorter = budgets(runs, args.max_steps) if constant_rate(args) else None
+    shorter = budgets(runs, steps_per_epoch(args, runs)) if constant_rate(args) else None
     if shorter is not None:
         print(f"stopped after each validation, the criteria hold at steps "
               f"{shorter['passing_steps'] or 'none'}; first {shorter['first_passing_steps']}, "

@@ -124,9 +124,10 @@ def _learning_table(files: list[tuple[str, dict]]) -> str:
             lines.append(f"| `{name}` | {budget} | {run['seed']} | {worst} | {bins} | {empty} "
                          f"| {dist} | {verdict} |")
         p = data["provenance"]
+        gpu = f"{p['gpus'].split(' (UUID')[0]}, " if p.get("gpus") else ""
         sources.append(f"`{name}`: commit {str(p['git_commit'])[:10]}"
                        f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, "
-                       f"{p['machine']}, {p['cpus']} CPUs, "
+                       f"{p['machine']}, {p['cpus']} CPUs, {gpu}"
                        f"{data['wall_time_s'] / 60:.0f} min, load average "
                        f"{p['load_average_at_start'][0]:.1f} → {p['load_average_at_end'][0]:.1f}")
     lines += ["", "Runs: " + "; ".join(sources) + "."]

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .gan3d_spec import (BN_EPS, DROPOUT, E_MAX, E_MIN, EPS, FLIP_PROB, LATENT, LEAKY_ALPHA,
-                         sampling_fraction, weighted_loss)
+                         LOSS_WEIGHTS, sampling_fraction, weighted_loss)
 
 BN_MOMENTUM = 0.01  # torch convention: Keras momentum 0.99 -> 1 - 0.99
 
@@ -289,7 +289,7 @@ def sample_inputs(n: int, gen_rng: torch.Generator, device: torch.device | str |
 
 
 def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
-                            gen: torch.Generator):
+                            gen: torch.Generator, weights=LOSS_WEIGHTS):
     """w0 BCE(fake(x), BitFlip(1)) + w1 MAPE(E'_x, aux(x)) + w2 MAPE(sum x, ecal(x)), the
     sum in GeV as ``ecal`` is (``D.cell_scale``).
 
@@ -301,7 +301,7 @@ def discriminator_real_loss(D: Discriminator, x: torch.Tensor, e: torch.Tensor,
     e = e.reshape(n, 1).to(aux.dtype)
     ecal_target = x.detach().sum(dim=(1, 2, 3, 4)).unsqueeze(1) / D.cell_scale
     parts = (bce(fake, labels), mape(e, aux), mape(ecal_target, ecal))
-    return weighted_loss(parts), parts
+    return weighted_loss(parts, weights), parts
 
 
 def _generate(G: Generator, n: int, gen_rng: torch.Generator, device) -> tuple:
@@ -310,7 +310,7 @@ def _generate(G: Generator, n: int, gen_rng: torch.Generator, device) -> tuple:
 
 
 def discriminator_fake_loss(D: Discriminator, G: Generator, e: torch.Tensor,
-                            gen_rng: torch.Generator):
+                            gen_rng: torch.Generator, weights=LOSS_WEIGHTS):
     """w0 BCE(fake(G), BitFlip(0)) + w1 MAPE(E', aux(G)) + w2 MAPE(f(E'), sum G).
 
     ``e`` is the real batch's energy tensor; only its length (the batch size) is used, E' and z
@@ -331,7 +331,7 @@ def discriminator_fake_loss(D: Discriminator, G: Generator, e: torch.Tensor,
     fake, aux, ecal = D(x_hat)
     labels = bit_flip(torch.zeros((n, 1), device=device), FLIP_PROB, gen_rng)
     parts = (bce(fake, labels), mape(e_s, aux), mape(sampling_fraction(e_s), ecal))
-    return weighted_loss(parts), parts
+    return weighted_loss(parts, weights), parts
 
 
 D_BN_IN_G_STEPS = ("freeze", "update")
@@ -369,7 +369,8 @@ def frozen(D: nn.Module, bn_statistics: str = "freeze") -> Iterator[None]:
             m.track_running_stats = flag
 
 
-def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: torch.Generator):
+def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: torch.Generator,
+                   weights=LOSS_WEIGHTS):
     """w0 BCE(fake(G), 1) + w1 MAPE(E', aux(G)) + w2 MAPE(f(E'), sum G), fresh E' and z.
 
     Targets are all ones (no bit flip).  ``e`` only gives the batch size.  The caller should
@@ -383,7 +384,7 @@ def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: tor
     fake, aux, ecal = D(x_hat)
     ones = torch.ones((n, 1), device=device)
     parts = (bce(fake, ones), mape(e_s, aux), mape(sampling_fraction(e_s), ecal))
-    return weighted_loss(parts), parts
+    return weighted_loss(parts, weights), parts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,10 +404,12 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
                   opt_d: torch.optim.Optimizer, x: torch.Tensor, e: torch.Tensor,
                   rng: torch.Generator,
                   after_backward: Callable[[nn.Module], None] | None = None,
-                  d_bn_in_g_steps: str = "freeze") -> dict[str, float]:
+                  d_bn_in_g_steps: str = "freeze",
+                  loss_weights: tuple[float, float, float] = LOSS_WEIGHTS) -> dict[str, float]:
     """Four optimiser steps: D on the real batch, D on a generated batch, G, G.
 
-    ``d_bn_in_g_steps``: D's BatchNorm moving statistics in the G steps (``frozen``).
+    ``d_bn_in_g_steps``: D's BatchNorm moving statistics in the G steps (``frozen``);
+    ``loss_weights``: (BCE, aux, ecal) of all four losses, [CERN]'s by default.
 
     ``after_backward(module)`` is called after every ``backward()`` and before the matching
     ``step()`` with the module about to be stepped (D or G), e.g. to allreduce its gradients.
@@ -425,13 +428,13 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
 
     # 1. D on the real batch
     opt_d.zero_grad(set_to_none=False)
-    total, parts = discriminator_real_loss(D, x, e, rng)
+    total, parts = discriminator_real_loss(D, x, e, rng, loss_weights)
     step(D, opt_d, total)
     _record(out, "d_real", total, parts)
 
     # 2. D on a generated batch (G in inference mode, output detached)
     opt_d.zero_grad(set_to_none=False)
-    total, parts = discriminator_fake_loss(D, G, e, rng)
+    total, parts = discriminator_fake_loss(D, G, e, rng, loss_weights)
     step(D, opt_d, total)
     _record(out, "d_fake", total, parts)
     opt_d.zero_grad(set_to_none=False)
@@ -440,7 +443,7 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
     for key in ("g1", "g2"):
         opt_g.zero_grad(set_to_none=False)
         with frozen(D, d_bn_in_g_steps):
-            total, parts = generator_loss(D, G, e, rng)
+            total, parts = generator_loss(D, G, e, rng, loss_weights)
             step(G, opt_g, total)
         _record(out, key, total, parts)
     opt_g.zero_grad(set_to_none=False)

@@ -27,6 +27,7 @@ def sampling_fraction(e):
     return e * (0.0018 * e**4 - 0.023 * e**3 + 0.11 * e**2 - 0.28 * e + 2.21)
 
 
-def weighted_loss(parts):
-    """w0 BCE + w1 MAPE(aux) + w2 MAPE(ecal) of the (bce, aux, ecal) ``parts``."""
-    return sum(w * p for w, p in zip(LOSS_WEIGHTS, parts))
+def weighted_loss(parts, weights=LOSS_WEIGHTS):
+    """w0 BCE + w1 MAPE(aux) + w2 MAPE(ecal) of the (bce, aux, ecal) ``parts``; ``weights``
+    default to [CERN]'s (``train --loss-weights`` departs from them)."""
+    return sum(w * p for w, p in zip(weights, parts))

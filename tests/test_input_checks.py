@@ -181,6 +181,12 @@ def test_options_of_the_other_launcher(box):
     # the pinned torch is a CPU build: no GPU on any machine this suite runs on
     (["--device", "cuda"], "--device cuda, but PyTorch 2.13.0+cpu sees no CUDA GPU on this node"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["--loss-weights", "8,0.2"], "argument --loss-weights: invalid loss_weights value"),
+    (["--loss-weights", "8,0.2,-1"], "argument --loss-weights: invalid loss_weights value"),
+    (["--loss-weights", "0,0,0"], "argument --loss-weights: invalid loss_weights value"),
+    (["--loss-weights", "8,0.2,nan"], "argument --loss-weights: invalid loss_weights value"),
+    (["--framework", "tensorflow", "--loss-weights", "8,0.2,1"],
+     "--loss-weights (8.0, 0.2, 1.0) is implemented for PyTorch only"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,
@@ -192,6 +198,8 @@ def test_resnet_refuses_the_3dgan_data_options(box):
             box, "--generate is for 3dgan")
     refused(box.run("hpcai-train", "resnet-tiny", "--cell-scale", "100", "--out", str(box.out)),
             box, "--cell-scale is for 3dgan")
+    refused(box.run("hpcai-train", "resnet-tiny", "--loss-weights", "8,0.2,1", "--out",
+                    str(box.out)), box, "--loss-weights is for 3dgan")
 
 
 # --- hpcai-launch -- train: checked once, before any rank starts -------------------------

@@ -357,6 +357,24 @@ def test_gan_iteration():
     assert gan3d.gan_iteration(G2, D2, opt_g2, opt_d2, x2, e2, rng(40)) == losses
 
 
+def test_gan_iteration_loss_weights():
+    """--loss-weights reach all four losses: every total is the given weights times its
+    parts; the control, the same iteration with [CERN]'s weights, gives other totals."""
+    weights = (8.0, 0.2, 1.0)
+    G, D, opt_g, opt_d, x, e = _fresh()
+    losses = gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng(40), loss_weights=weights)
+    for key in ("d_real", "d_fake", "g1", "g2"):
+        parts = [losses[f"{key}_{part}"] for part in ("bce", "aux", "ecal")]
+        assert losses[key] == pytest.approx(sum(w * p for w, p in zip(weights, parts)),
+                                            rel=1e-5), key
+    G2, D2, opt_g2, opt_d2, x2, e2 = _fresh()
+    default = gan3d.gan_iteration(G2, D2, opt_g2, opt_d2, x2, e2, rng(40))
+    assert default["d_real_ecal"] == losses["d_real_ecal"] == 0   # ecal(x) is the sum of x
+    assert default["d_fake_ecal"] == losses["d_fake_ecal"] > 0      # the same parts, and
+    assert default["d_fake"] != pytest.approx(losses["d_fake"], rel=1e-3)   # other totals
+    assert default["g1"] != pytest.approx(losses["g1"], rel=1e-3)
+
+
 # --------------------------------------------------------------------------- cost
 
 def _flops(model: nn.Module, inp: torch.Tensor) -> int:

@@ -27,7 +27,8 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     out = tmp_path / "run"
     result = train(2, "3dgan", "--generate", "64", "--epochs", "2", "--batch-size", "2",
                    "--max-steps", "2", "--out", str(out), "--verify-every", "1",
-                   "--validate-events", "16", "--device", "cpu")   # control of --device cuda
+                   "--validate-events", "16", "--device", "cpu",   # controls of the refusals
+                   "--loss-weights", "8,0.2,0.1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("epoch ") >= 2 and "GFLOP/s" in result.stdout
     epochs = records(out)

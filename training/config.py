@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..core.errors import UserError
+from ..models.gan3d_spec import LOSS_WEIGHTS
 from .schedule import DECAYS
 
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
@@ -79,6 +80,7 @@ class TrainConfig:
     d_bn_in_g_steps: str = "freeze"   # 3dgan D's BatchNorm statistics in the G steps
     cell_scale: float = 1.0           # 3dgan cells seen by the networks: GeV x cell_scale
     device: str = "cpu"               # "cuda": each rank on GPU (local rank mod GPUs)
+    loss_weights: tuple[float, float, float] = LOSS_WEIGHTS   # 3dgan (BCE, aux, ecal)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -180,11 +182,25 @@ def make_parser() -> argparse.ArgumentParser:
                         "2019 trainer behind the papers; 100 as its 2020 version); the ecal "
                         "loss, physics validation and generated showers stay in GeV "
                         "(docs/3dgan.md)")
+    p.add_argument("--loss-weights", type=loss_weights, default=None, metavar="BCE,AUX,ECAL",
+                   help="3dgan: the weights of the real/fake cross-entropy, the energy "
+                        "regression and the ECAL-sum MAPE in every loss (default 8,0.2,0.1 "
+                        "as CERN's trainer; any other is a departure, docs/3dgan.md)")
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="cuda: each rank computes on a GPU (its local rank modulo the GPUs "
                         "it sees); gradients and broadcasts are copied through host memory "
                         "for MPI. PyTorch with --comm mpi only")
     return p
+
+
+def loss_weights(text: str) -> tuple[float, float, float]:
+    """``--loss-weights``: three finite numbers >= 0, not all 0 (argparse reports a
+    ValueError as an invalid value)."""
+    values = tuple(float(v) for v in text.split(","))
+    if (len(values) != 3 or not all(0 <= v < float("inf") for v in values)
+            or not any(values)):
+        raise ValueError(text)
+    return values   # type: ignore[return-value]
 
 
 def parse(argv: list[str]) -> TrainConfig:
@@ -213,7 +229,8 @@ def parse(argv: list[str]) -> TrainConfig:
         validate_events=(VALIDATE_EVENTS if ns.validate_events is None
                          else ns.validate_events), bn_axis=ns.bn_axis,
         d_bn_in_g_steps=ns.d_bn_in_g_steps,
-        cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device)
+        cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device,
+        loss_weights=LOSS_WEIGHTS if ns.loss_weights is None else ns.loss_weights)
     check_numbers(cfg)
     return cfg
 
@@ -236,7 +253,8 @@ def check_options(ns: argparse.Namespace) -> None:
                     ("--validate-events", ns.validate_events is not None),
                     ("--bn-axis", ns.bn_axis != "channels"),
                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"),
-                    ("--cell-scale", ns.cell_scale is not None))
+                    ("--cell-scale", ns.cell_scale is not None),
+                    ("--loss-weights", ns.loss_weights is not None))
         for flag, value in gan_only:
             if value:
                 raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
@@ -245,7 +263,9 @@ def check_options(ns: argparse.Namespace) -> None:
     if ns.framework == "tensorflow":
         for flag, value, default in (("--bn-axis", ns.bn_axis, "channels"),
                                      ("--d-bn-in-g-steps", ns.d_bn_in_g_steps, "freeze"),
-                                     ("--cell-scale", ns.cell_scale or 1.0, 1.0)):
+                                     ("--cell-scale", ns.cell_scale or 1.0, 1.0),
+                                     ("--loss-weights", ns.loss_weights or LOSS_WEIGHTS,
+                                      LOSS_WEIGHTS)):
             if value != default:
                 raise UserError(f"{flag} {value} is implemented for PyTorch only",
                                 f"use --framework pytorch, or leave {flag} out ({default})")

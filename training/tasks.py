@@ -78,6 +78,7 @@ class GanTask:
         self.D = gan3d.Discriminator(rng=init, bn_axis=cfg.bn_axis,
                                      cell_scale=cfg.cell_scale).to(device)
         self.d_bn_in_g_steps = cfg.d_bn_in_g_steps
+        self.loss_weights = cfg.loss_weights
         self.cell_scale = cfg.cell_scale   # data in GeV; the networks see GeV x cell_scale
         if cfg.channels_last:
             self.G = self.G.to(memory_format=torch.channels_last_3d)
@@ -100,7 +101,7 @@ class GanTask:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
-                                   after_backward, self.d_bn_in_g_steps)
+                                   after_backward, self.d_bn_in_g_steps, self.loss_weights)
 
     def _to_network(self, x: np.ndarray) -> torch.Tensor:
         """Cells in GeV -> the networks' units on the task's device (a new tensor when scaled
