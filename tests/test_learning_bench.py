@@ -69,6 +69,8 @@ def test_a_fall_within_the_seed_spread_fails():
 def test_committed_verdicts_are_the_judges(path):
     doc = json.loads(path.read_text())
     assert doc["verdict"] == learning.judge(doc["runs"])
+    if doc.get("budgets") is not None:
+        assert doc["budgets"] == learning.budgets(doc["runs"], doc["budget"]["steps_per_epoch"])
 
 
 def test_a_doctored_verdict_is_caught():
@@ -90,3 +92,62 @@ def test_end_bin_spread_is_std_over_mean_per_side():
     empty = learning.end_bin({"e_lo_gev": 10.0, "e_hi_gev": 100.0, "events": 18,
                               "real": side(0.02, 0.0005, 400.0), "gen": side(0.0, 0.0, 0.0)})
     assert empty["sampling_fraction_spread_gen"] is None   # no mean to divide by
+
+
+def _history_run(seed: int, distances: list[float], worst: list[float]) -> dict:
+    """A run whose k-th validation has profile distance ``distances[k]`` on every axis and
+    its worst energy bin at ``worst[k]`` (the other bin at -0.05)."""
+    history = [{"epoch": k, **{f"profile_distance_{a}": d for a in "xyz"},
+                "gen_empty_fraction": 0.0,
+                "sampling_fraction_rel_diff_per_bin": {"10-100": w, "100-200": -0.05}}
+               for k, (d, w) in enumerate(zip(distances, worst))]
+    return learning.ended_at({"seed": seed, "history": history, "end_bins": []},
+                             len(history) - 1)
+
+
+def test_budgets_say_where_the_criteria_would_have_held():
+    """Stopped after validation 2 every seed passes; after 3 the worst bin is 0.2: the
+    budgets are 48 steps (of 16 per epoch), passing in 1 of the 2 validations from there.
+    The control moves one seed's bin at validation 2 to 0.16: no budget passes."""
+    distances = [1.0, 0.8, 0.4, 0.45]
+    runs = [_history_run(s, distances, [0.5, 0.3, 0.1, 0.2]) for s in (1, 2, 3)]
+    assert not learning.judge(runs)["passed"]   # the runs as they ended
+    assert learning.budgets(runs, 16) == {
+        "steps_per_epoch": 16, "validations": 4, "passing_steps": [48],
+        "first_passing_steps": 48, "passing_share_from_first": 0.5}
+    runs[2] = _history_run(3, distances, [0.5, 0.3, 0.16, 0.2])
+    assert learning.budgets(runs, 16)["passing_steps"] == []
+    del runs[0]["history"][1]["sampling_fraction_rel_diff_per_bin"]
+    assert learning.budgets(runs, 16) is None   # an older file: no per-bin history
+
+
+def test_ended_at_cuts_the_run_there():
+    run = _history_run(1, [1.0, 0.8, 0.4, 0.45], [0.5, 0.3, 0.1, 0.2])
+    assert "end_bins" in run and "cut_after_epoch" not in run   # the whole run
+    cut = learning.ended_at(run, 2)
+    assert [h["epoch"] for h in cut["history"]] == [0, 1, 2]
+    assert cut["at"]["end"]["profile_distance_x"] == 0.4
+    assert cut["at"]["middle"]["epoch"] == 1 and cut["cut_after_epoch"] == 2
+    assert cut["sampling_fraction_rel_diff_per_bin_end"]["10-100"] == 0.1
+    assert "end_bins" not in cut   # those were the real last validation's
+
+
+@pytest.mark.parametrize("train_args,constant", [
+    ([], True), (["--lr", "0.0002"], True), (["--lr-decay", "none"], True),
+    (["--lr-decay=none"], True), (["--lr-decay", "cosine"], False),
+    (["--lr-decay=cosine", "--lr", "1e-3"], False)])
+def test_budgets_only_for_a_constant_rate(train_args, constant):
+    class Args:
+        pass
+    args = Args()
+    args.train_args = train_args
+    assert learning.constant_rate(args) is constant
+
+
+def test_doctored_budgets_are_caught():
+    with_budgets = [p for p in sorted((REPO / "bench" / "results").glob("learning-*.json"))
+                    if json.loads(p.read_text()).get("budgets") is not None]
+    assert with_budgets, "no committed learning file has budgets"
+    doc = json.loads(with_budgets[0].read_text())
+    doc["budgets"]["passing_steps"] = [doc["budget"]["steps_per_epoch"]]
+    assert doc["budgets"] != learning.budgets(doc["runs"], doc["budget"]["steps_per_epoch"])
