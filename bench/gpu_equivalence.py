@@ -61,8 +61,8 @@ def main() -> int:
             rows.append(row)
             print(f"{'ok  ' if row['passed'] else 'FAIL'} {model} on {args.device}: 2 ranks "
                   f"differ by {row['two_ranks']:.3g} (<= {tol:g}); the control by "
-                  f"{row['control_no_average']:.3g} (must be > {tol:g}); 1 rank run twice differs by "
-                  f"{row['one_rank_twice']:.3g}", flush=True)
+                  f"{row['control_no_average']:.3g} (must be > {tol:g}); 1 rank run twice "
+                  f"differs by {row['one_rank_twice']:.3g}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"benchmark": "gpu_equivalence",
                                                "provenance": provenance(),
