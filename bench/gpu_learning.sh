@@ -6,11 +6,11 @@
 #
 # That machine has python3 with a CUDA PyTorch, NumPy, h5py and matplotlib but no MPI and no
 # network: the wheels of mpi4py, MPICH, pyelftools and python-hostlist travel in .whl/ (the
-# README's --device cuda paragraph says how they were fetched). It installs them under /tmp,
-# makes hpcai-launch and train wrappers, checks data-parallel equivalence on the GPU (bench/gpu_equivalence.py, with its
-# control), then runs bench/learning.py with --device cuda, all seeds at once, each stopped
-# after SECONDS minus what the check took (--deadline; SECONDS 0: the check alone). Everything
-# it writes goes to OUTDIR.
+# README's --device cuda paragraph says how they were fetched). The script installs them
+# under /tmp and makes hpcai-launch and train wrappers. It checks data-parallel equivalence
+# on the GPU (bench/gpu_equivalence.py, with its control), then runs bench/learning.py with
+# --device cuda, all seeds at once, each stopped after SECONDS minus what the check took
+# (--deadline; SECONDS 0: the check alone). Everything it writes goes to OUTDIR.
 set -uo pipefail
 OUTDIR=$(realpath -m "${1:?OUTDIR}"); SECONDS_LEFT=${2:?SECONDS}; shift 2
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
