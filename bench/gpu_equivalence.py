@@ -15,13 +15,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from common import loopback_env, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAM = REPO / "tests" / "programs" / "dp_equivalence.py"
-TOL = {"mlp": 1e-4, "gan-d": 1e-4}   # tests/test_engine.py's, measured there on the CPU
+sys.path.insert(0, str(REPO / "tests"))
+
+import dp_updates  # noqa: E402  (the suite's reading and comparison of the updates)
+
+MODELS = ("mlp", "gan-d")   # float32, as trained; the suite's tolerances (dp_updates.TOL)
 
 
 def updates(ranks: int, model: str, out: Path, device: str, *extra: str) -> dict:
@@ -32,13 +34,11 @@ def updates(ranks: int, model: str, out: Path, device: str, *extra: str) -> dict
     if result.returncode != 0:
         raise SystemExit(f"error: {' '.join(argv)} exited {result.returncode}:\n"
                          f"{result.stderr[-3000:]}")
-    saved = dict(np.load(out))
-    return {k: (saved[k] - saved[f"init.{k}"]).astype(np.float64)
-            for k in saved if not k.startswith("init.")}
+    return dp_updates.updates(out)
 
 
 def worst(ref: dict, other: dict) -> float:
-    return max(float(np.linalg.norm(other[k] - r) / np.linalg.norm(r)) for k, r in ref.items())
+    return dp_updates.worst(ref, other)[1]
 
 
 def main() -> int:
@@ -48,7 +48,8 @@ def main() -> int:
     args = parser.parse_args()
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as tmp:
-        for model, tol in TOL.items():
+        for model in MODELS:
+            tol = dp_updates.TOL[model]
             one = updates(1, model, Path(tmp) / f"{model}-1.npz", args.device)
             two = updates(2, model, Path(tmp) / f"{model}-2.npz", args.device)
             alone = updates(2, model, Path(tmp) / f"{model}-c.npz", args.device, "--no-average")

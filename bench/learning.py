@@ -212,9 +212,9 @@ def ended_at(run: dict, k: int) -> dict:
 
 
 def budgets(runs: list[dict], steps_per_epoch: int) -> dict | None:
-    """The verdict had the runs stopped after each validation: the steps at every validation
-    that passes, the first such, and the share of later validations that pass too (None
-    for runs without per-bin history, or with seeds stopped at different epochs)."""
+    """The verdict had the runs stopped after each validation (up to the last one every
+    seed reached): the steps at every validation that passes, the first such, and the share
+    of the validations from there on that pass (None for runs without per-bin history)."""
     if not runs or any("sampling_fraction_rel_diff_per_bin" not in h
                        for r in runs for h in r["history"]):
         return None

@@ -7,16 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dp_updates
 from conftest import base_env, run
+from dp_updates import TOL
 
 pytestmark = pytest.mark.mpi
 PROGRAMS = Path(__file__).parent / "programs"
-
-
-# |update(2 x b) - update(1 x 2b)| <= TOL |update(1 x 2b)| for every parameter. Measured:
-# at most 3e-6 in float32 (mlp, gan-d) and 1e-14 in float64 (gan-g); the control (no
-# averaging) is off by 0.18 to 1.0 over all parameters together.
-TOL = {"mlp": 1e-4, "gan-d": 1e-4, "gan-g": 1e-10}
 
 
 def _updates(ranks: int, model: str, out: Path, *extra: str) -> dict[str, np.ndarray]:
@@ -25,24 +21,7 @@ def _updates(ranks: int, model: str, out: Path, *extra: str) -> dict[str, np.nda
                   str(PROGRAMS / "dp_equivalence.py"), model, str(out), *extra],
                  base_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    saved = dict(np.load(out))
-    names = [k for k in saved if not k.startswith("init.")]
-    assert names and sorted(f"init.{k}" for k in names) == sorted(set(saved) - set(names))
-    return {k: (saved[k] - saved[f"init.{k}"]).astype(np.float64) for k in names}
-
-
-def _worst(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> tuple[str, float]:
-    """The parameter whose update differs most from the reference, relative to it."""
-    assert reference.keys() == other.keys()
-    return max(((name, float(np.linalg.norm(other[name] - ref) / np.linalg.norm(ref)))
-                for name, ref in reference.items()), key=lambda item: item[1])
-
-
-def _total(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> float:
-    """|other - reference| / |reference| over all parameters' updates together."""
-    ref = np.concatenate([reference[k].ravel() for k in sorted(reference)])
-    got = np.concatenate([other[k].ravel() for k in sorted(reference)])
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    return dp_updates.updates(out)
 
 
 @pytest.mark.parametrize("model,extra", [("mlp", ()), ("mlp", ("--blocking",)),
@@ -53,13 +32,14 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, tmp_path):
     single = _updates(1, model, tmp_path / "one.npz", *extra)
     still = [name for name, u in single.items() if not np.any(u)]
     assert not still, f"{model}: parameters that did not move compare nothing: {still}"
-    name, rel = _worst(single, _updates(2, model, tmp_path / "two.npz", *extra))
+    name, rel = dp_updates.worst(single, _updates(2, model, tmp_path / "two.npz", *extra))
     assert rel <= TOL[model], f"{model} {name}: update differs by {rel:.3g} (relative)"
     if not extra:
         alone = _updates(2, model, tmp_path / "alone.npz", "--no-average")
-        name, rel = _worst(single, alone)
+        name, rel = dp_updates.worst(single, alone)
         assert rel > TOL[model], f"the control should fail the comparison, got {rel:.3g}"
-        assert _total(single, alone) > 0.1, "the control should be far off, not marginally"
+        assert dp_updates.total(single, alone) > 0.1, \
+            "the control should be far off, not marginally"
 
 
 def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(tmp_path):

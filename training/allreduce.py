@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from .sync import DEFAULT_BUCKET_MB, SyncStats, check_horovod_world, plan_buckets
 
@@ -43,21 +47,22 @@ class MpiTransport:
 
     def start(self, flat: torch.Tensor):
         """An ``MPI.Request``; for a GPU tensor a :class:`_Staged` one (host copy)."""
-        if flat.device.type == "cpu":
-            return self.comm.Iallreduce(self._mpi.IN_PLACE, flat.numpy(), op=self._mpi.SUM)
-        host = flat.cpu()
-        request = self.comm.Iallreduce(self._mpi.IN_PLACE, host.numpy(), op=self._mpi.SUM)
-        return _Staged(request, host, flat)
+        array, copy_back = host_array(flat)
+        request = self.comm.Iallreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
+        return _Staged(request, array, flat) if copy_back else request
 
     def blocking(self, flat: torch.Tensor) -> None:
-        self.wait_all([self.start(flat)])
+        array, copy_back = host_array(flat)
+        self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
+        if copy_back:
+            flat.copy_(torch.from_numpy(array))
 
     def wait_all(self, handles) -> None:
         handles = list(handles)
         self._mpi.Request.Waitall([_request(h) for h in handles])
         for handle in handles:
             if isinstance(handle, _Staged):
-                handle.flat.copy_(handle.host)
+                handle.flat.copy_(torch.from_numpy(handle.host))
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -68,13 +73,22 @@ class MpiTransport:
             self._mpi.Request.Testall([_request(h) for h in handles])
 
 
+def host_array(t: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """(a NumPy array MPI can read and fill for ``t``, whether ``t`` needs it copied back):
+    a view of a contiguous CPU tensor, else a host copy. MPI is not assumed to read device
+    memory (CUDA-aware)."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t.numpy(), False
+    return t.contiguous().cpu().numpy(), True
+
+
 @dataclass
 class _Staged:
     """A GPU tensor's allreduce: MPI works on ``host`` (a copy), ``flat`` gets the sum back
-    in ``MpiTransport.wait_all``. MPI is not assumed to read device memory (CUDA-aware)."""
+    in ``MpiTransport.wait_all``."""
 
     request: object
-    host: torch.Tensor
+    host: np.ndarray
     flat: torch.Tensor
 
 

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .allreduce import GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport
+from .allreduce import (GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport,
+                        host_array)
 from .metrics import best_gemm_gflops
 from .tasks import make_task
 from .trainer import Trainer
@@ -39,17 +40,10 @@ def module_arrays(modules: Iterable[torch.nn.Module], buffers: bool = True) -> l
     return [t.cpu().numpy() for t in _tensors(modules, buffers)]
 
 
-def _host(t: torch.Tensor) -> tuple[np.ndarray, bool]:
-    """(a NumPy array MPI can fill or read, whether ``t`` needs it copied back)."""
-    if t.device.type == "cpu" and t.is_contiguous():
-        return t.numpy(), False
-    return t.contiguous().cpu().numpy(), True
-
-
 def broadcast_state(modules: Iterable[torch.nn.Module], comm, root: int = 0) -> None:
     """Overwrite every rank's parameters and buffers with rank ``root``'s, in place."""
     for t in _tensors(modules, buffers=True):
-        array, copy_back = _host(t)
+        array, copy_back = host_array(t)
         comm.Bcast(array, root=root)
         if copy_back:
             t.copy_(torch.from_numpy(array))
@@ -84,12 +78,12 @@ def rank_device(kind: str) -> torch.device:
 class TorchTrainer(Trainer):
     framework = "pytorch"
 
-    def _threads(self) -> int:
-        return torch.get_num_threads()
-
     def __init__(self, cfg, *args, **kwargs) -> None:
         self.device = rank_device(cfg.device)
         super().__init__(cfg, *args, **kwargs)
+
+    def _threads(self) -> int:
+        return torch.get_num_threads()
 
     def _make_task(self):
         return make_task(self.cfg, self.target_lr, self.device)
@@ -125,7 +119,7 @@ class TorchTrainer(Trainer):
                 if (isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
                         and m.running_mean is not None):
                     for buf in (m.running_mean, m.running_var):
-                        array, copy_back = _host(buf)
+                        array, copy_back = host_array(buf)
                         self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
                         if copy_back:
                             buf.copy_(torch.from_numpy(array))
