@@ -25,6 +25,10 @@ With a constant learning rate the JSON's ``budgets`` also says, for every valida
 the criteria would have held had the runs stopped there (a shorter run is the longer run's
 first steps exactly), so one long run measures the budget the criteria need.
 
+With ``--train-arg=--generator-ema --train-arg=D`` the verdict judges the generator's weight
+average, and the JSON's ``raw_generator`` judges the raw generator of the same runs, event for
+event: the control that says whether the average made the difference.
+
 A seed whose generator has died (every generated shower empty in ``--stop-dead``
 validations in a row, default 2) is stopped early with SIGTERM and fails: the output ReLU then
 passes no gradient. The JSON is rewritten after every seed (``complete`` false until all ran).
@@ -110,13 +114,23 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     validations = doc["validations"]
     records = [json.loads(line) for line in
                (out / "epochs.jsonl").read_text().splitlines() if line.strip()]
+    run = {"seed": seed, "wall_s": round(wall, 1), "command": argv,
+           "stopped_dead_at_epoch": dead_at, "stopped_at_deadline": deadline_hit,
+           "steps_per_epoch": records[0]["steps"],   # --max-steps, or fewer: the data's
+           "held_out": doc["held_out"], **judged_side(validations)}
+    if all(v.get("others") for v in validations):   # --generator-ema: the raw one beside
+        run["raw"] = judged_side([v["others"][0] for v in validations])
+    return run
+
+
+def judged_side(validations: list[dict]) -> dict:
+    """What the verdict reads of one generator's validations (``physics.json`` entries):
+    the generator judged, the summaries at the first, middle and last validation, the
+    last one's bins and the whole history."""
     picks = {"start": validations[0], "middle": validations[len(validations) // 2],
              "end": validations[-1]}
     last_bins = [b for b in validations[-1]["bins"] if b["events"]]
-    return {"seed": seed, "wall_s": round(wall, 1), "command": argv,
-            "stopped_dead_at_epoch": dead_at, "stopped_at_deadline": deadline_hit,
-            "steps_per_epoch": records[0]["steps"],   # --max-steps, or fewer: the data's
-            "held_out": doc["held_out"],
+    return {"generator": validations[-1].get("generator", "raw"),
             "at": {k: {"epoch": v["epoch"], **v["summary"]} for k, v in picks.items()},
             "sampling_fraction_rel_diff_per_bin_end": {
                 bin_label(b): b["sampling_fraction_rel_diff"] for b in last_bins},
@@ -124,6 +138,14 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             "history": [{"epoch": v["epoch"], **v["summary"],
                          "sampling_fraction_rel_diff_per_bin": per_bin(v)}
                         for v in validations]}
+
+
+def raw_side(runs: list[dict]) -> list[dict] | None:
+    """The runs as judged on the raw generator (the control of a ``--generator-ema`` run:
+    the same steps without the average), or None when not every run has one."""
+    if not runs or not all("raw" in r for r in runs):
+        return None
+    return [{**{k: v for k, v in r.items() if k != "raw"}, **r["raw"]} for r in runs]
 
 
 def per_bin(validation: dict) -> dict[str, float | None]:
@@ -196,19 +218,29 @@ def judge(runs: list[dict]) -> dict:
 def ended_at(run: dict, k: int) -> dict:
     """``run`` as if it had stopped after its validation ``k`` (0-based): history, start,
     middle and end points cut there (``end_bins``, of the real last validation, dropped
-    when that is cut off). With a constant learning rate a shorter run is this run's first
-    steps, step for step (deterministic), so one long run measures every shorter budget."""
-    history = run["history"][:k + 1]
-    end = history[-1]
-    at = {"start": history[0], "middle": history[len(history) // 2], "end": end}
-    cut = {**run, "history": history,
-           "at": {p: {key: v for key, v in h.items()
-                      if key != "sampling_fraction_rel_diff_per_bin"} for p, h in at.items()},
-           "sampling_fraction_rel_diff_per_bin_end": end["sampling_fraction_rel_diff_per_bin"]}
+    when that is cut off), the raw generator's side too. With a constant learning rate a
+    shorter run is this run's first steps, step for step (deterministic), so one long run
+    measures every shorter budget."""
+    cut = {**run, **_cut(run, k)}
+    if "raw" in run:
+        cut["raw"] = {**run["raw"], **_cut(run["raw"], k)}
+        if k + 1 < len(run["history"]):
+            cut["raw"].pop("end_bins", None)
     if k + 1 < len(run["history"]):
         cut.pop("end_bins", None)
-        cut["cut_after_epoch"] = end["epoch"]
+        cut["cut_after_epoch"] = run["history"][k]["epoch"]
     return cut
+
+
+def _cut(side: dict, k: int) -> dict:
+    """One generator's history, start, middle and end points up to validation ``k``."""
+    history = side["history"][:k + 1]
+    end = history[-1]
+    at = {"start": history[0], "middle": history[len(history) // 2], "end": end}
+    return {"history": history,
+            "at": {p: {key: v for key, v in h.items()
+                       if key != "sampling_fraction_rel_diff_per_bin"} for p, h in at.items()},
+            "sampling_fraction_rel_diff_per_bin_end": end["sampling_fraction_rel_diff_per_bin"]}
 
 
 def budgets(runs: list[dict], steps_per_epoch: int) -> dict | None:
@@ -285,7 +317,18 @@ def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
                      "distance_fall": DISTANCE_FALL, "alive_max_empty": ALIVE_EMPTY},
         "verdict": judge(runs),
         "budgets": budgets(runs, steps) if constant_rate(args) else None,
+        **control(runs, steps, args),
         "runs": runs}, indent=1) + "\n")
+
+
+def control(runs: list[dict], steps: int, args: argparse.Namespace) -> dict:
+    """With ``--generator-ema``: the verdict and budgets of the same runs judged on the raw
+    generator, which the average must beat to have made the difference."""
+    raw = raw_side(runs)
+    if raw is None:
+        return {}
+    return {"raw_generator": {"verdict": judge(raw),
+                              "budgets": budgets(raw, steps) if constant_rate(args) else None}}
 
 
 def main() -> int:
@@ -345,11 +388,18 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print("PASSED" if verdict["passed"] else "NOT PASSED: the budget is too small or the "
           "model does not learn; see the numbers above")
-    shorter = budgets(runs, steps_per_epoch(args, runs)) if constant_rate(args) else None
+    steps = steps_per_epoch(args, runs)
+    shorter = budgets(runs, steps) if constant_rate(args) else None
     if shorter is not None:
         print(f"stopped after each validation, the criteria hold at steps "
               f"{shorter['passing_steps'] or 'none'}; first {shorter['first_passing_steps']}, "
               f"then in {shorter['passing_share_from_first']} of the later validations")
+    raw = control(runs, steps, args).get("raw_generator")
+    if raw is not None:
+        print(f"control, the same runs judged on the raw generator: "
+              f"{'PASSED' if raw['verdict']['passed'] else 'NOT PASSED'}"
+              + (f"; criteria hold at steps {raw['budgets']['passing_steps'] or 'none'}"
+                 if raw["budgets"] else ""))
     print(f"wrote {path}")   # after the last seed, complete
     return 0 if verdict["passed"] else 1
 

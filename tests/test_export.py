@@ -115,3 +115,41 @@ def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
     x = np.random.default_rng(5).standard_normal((3, gan3d.LATENT)).astype(np.float32)
     assert _excess(session, InGeV(), x) <= 1
     assert _excess(session, raw, x) > 10
+
+
+def test_export_of_a_generator_average_and_of_the_raw_generator(tmp_path):
+    """``--generator-ema``: export-onnx exports the average (what physics validation judged),
+    and with ``--raw-generator`` the trained weights; each ONNX file matches its own
+    generator, built here from the checkpoint, and fails against the other (the control)."""
+    out = tmp_path / "run"
+    result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
+                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3",
+                  "--generator-ema", "0.5", "--peak-gflops", "50", "--eval-samples", "0",
+                  "--validate-events", "0", "--out", str(out)], base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    raw = gan3d.Generator()
+    raw.load_state_dict(state["modules"]["generator"])
+    average = copy.deepcopy(raw)
+    saved = state["extra"]["generator_average"]
+    assert saved["updates"] == 3 and saved["decay"] == 0.5
+    with torch.no_grad():
+        for p, a in zip(average.parameters(), saved["parameters"], strict=True):
+            p.copy_(a)
+    x = np.random.default_rng(9).standard_normal((3, gan3d.LATENT)).astype(np.float32)
+    for flags, mine, other in (([], average, raw), (["--raw-generator"], raw, average)):
+        onnx_file = tmp_path / f"g{len(flags)}.onnx"
+        done = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
+                    str(onnx_file), *flags], base_env(), timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+        said = "the trained weights" if flags else "the generator weight average (decay 0.5, 3"
+        assert said in done.stdout
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        assert _excess(session, mine.eval(), x) <= 1
+        assert _excess(session, other.eval(), x) > 10
+    plain = _checkpoint(tmp_path / "plain", "3dgan", "--generate", "8", "--batch-size", "2")
+    refused = run(["hpcai-launch", "export-onnx", str(plain), "--model", "3dgan",
+                   "--raw-generator"], base_env())
+    assert refused.returncode == 2 and "the checkpoint has no generator average" in refused.stderr
+    assert "hint: leave --raw-generator out" in refused.stderr

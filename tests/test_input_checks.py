@@ -187,6 +187,12 @@ def test_options_of_the_other_launcher(box):
     (["--loss-weights", "8,0.2,nan"], "argument --loss-weights: invalid loss_weights value"),
     (["--framework", "tensorflow", "--loss-weights", "8,0.2,1"],
      "--loss-weights (8.0, 0.2, 1.0) is implemented for PyTorch only"),
+    (["--generator-ema", "0"], "--generator-ema must lie between 0 and 1, got 0"),
+    (["--generator-ema", "1"], "--generator-ema must lie between 0 and 1, got 1"),
+    (["--generator-ema", "-0.5"], "--generator-ema must lie between 0 and 1, got -0.5"),
+    (["--generator-ema", "nan"], "--generator-ema must lie between 0 and 1, got nan"),
+    (["--framework", "tensorflow", "--generator-ema", "0.99"],
+     "--generator-ema 0.99 is implemented for PyTorch only"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,
@@ -200,6 +206,8 @@ def test_resnet_refuses_the_3dgan_data_options(box):
             box, "--cell-scale is for 3dgan")
     refused(box.run("hpcai-train", "resnet-tiny", "--loss-weights", "8,0.2,1", "--out",
                     str(box.out)), box, "--loss-weights is for 3dgan")
+    refused(box.run("hpcai-train", "resnet-tiny", "--generator-ema", "0.99", "--out",
+                    str(box.out)), box, "--generator-ema is for 3dgan")
 
 
 # --- hpcai-launch -- train: checked once, before any rank starts -------------------------

@@ -71,6 +71,10 @@ def test_committed_verdicts_are_the_judges(path):
     assert doc["verdict"] == learning.judge(doc["runs"])
     if doc.get("budgets") is not None:
         assert doc["budgets"] == learning.budgets(doc["runs"], doc["budget"]["steps_per_epoch"])
+    raw = learning.raw_side(doc["runs"])
+    assert ("raw_generator" in doc) is (raw is not None)
+    if raw is not None:   # --generator-ema: the raw generator judged as the control
+        assert doc["raw_generator"]["verdict"] == learning.judge(raw)
 
 
 def test_a_doctored_verdict_is_caught():
@@ -151,3 +155,46 @@ def test_doctored_budgets_are_caught():
     doc = json.loads(with_budgets[0].read_text())
     doc["budgets"]["passing_steps"] = [doc["budget"]["steps_per_epoch"]]
     assert doc["budgets"] != learning.budgets(doc["runs"], doc["budget"]["steps_per_epoch"])
+
+
+def _entry(epoch: int, distance: float, worst: float, generator: str) -> dict:
+    """A physics.json validation: both bins filled, the 10-100 GeV one at ``worst``."""
+    bins = [{"e_lo_gev": lo, "e_hi_gev": hi, "events": 9, "sampling_fraction_rel_diff": d,
+             **{side: {"sampling_fraction": 0.02, "sampling_fraction_std": 0.001,
+                       "hits": 300.0} for side in ("real", "gen")}}
+            for lo, hi, d in ((10.0, 100.0, worst), (100.0, 200.0, -0.05))]
+    return {"epoch": epoch, "generator": generator, "bins": bins,
+            "summary": {**{f"profile_distance_{a}": distance for a in "xyz"},
+                        "sampling_fraction_worst_rel_diff": abs(worst),
+                        "gen_empty_fraction": 0.0}}
+
+
+def test_the_raw_generator_of_an_averaged_run_is_judged_as_the_control():
+    """Runs whose average passes and whose raw generator has a bin 30 % off: the verdict
+    passes, ``raw_generator`` does not; cut short, both sides are cut."""
+    def run(seed: int) -> dict:
+        averaged = [_entry(k, d, w, "average") for k, (d, w) in
+                    enumerate(zip([1.0, 0.6, 0.3], [0.9, 0.2, 0.1]))]
+        for k, v in enumerate(averaged):
+            v["others"] = [_entry(k, [1.0, 0.7, 0.35][k], [0.9, 0.4, 0.3][k], "raw")]
+        side = learning.judged_side(averaged)
+        return {"seed": seed, **side,
+                "raw": learning.judged_side([v["others"][0] for v in averaged])}
+
+    runs = [run(s) for s in (1, 2, 3)]
+    assert runs[0]["generator"] == "average" and runs[0]["raw"]["generator"] == "raw"
+    assert learning.judge(runs)["passed"]
+    raw = learning.raw_side(runs)
+    assert raw[0]["generator"] == "raw" and "raw" not in raw[0]
+    assert not learning.judge(raw)["passed"]
+
+    class Args:
+        train_args: list = []
+    got = learning.control(runs, 16, Args())["raw_generator"]
+    assert not got["verdict"]["passed"] and got["budgets"]["passing_steps"] == []
+    assert learning.budgets(runs, 16)["passing_steps"] == [48]
+    cut = learning.ended_at(runs[0], 1)
+    assert cut["raw"]["at"]["end"]["sampling_fraction_worst_rel_diff"] == 0.4
+    assert cut["at"]["end"]["sampling_fraction_worst_rel_diff"] == 0.2
+    assert "end_bins" not in cut and "end_bins" not in cut["raw"]
+    assert learning.raw_side([{k: v for k, v in runs[0].items() if k != "raw"}]) is None

@@ -124,7 +124,7 @@ def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
     real = physics.summarise(x, ENERGIES, aux=ENERGIES / 100)
     for epoch, scale in ((1, 1.5), (0, 2.0)):   # the last: a resumed run's epoch 0
         gen = physics.summarise(scale * x, ENERGIES, aux=ENERGIES / 100)
-        validation.record(tmp_path, physics.compare(real, gen, epoch), held_out)
+        validation.record(tmp_path, [physics.compare(real, gen, epoch)], held_out)
     doc = json.loads((tmp_path / "physics.json").read_text())
     assert [v["epoch"] for v in doc["validations"]] == [0]   # later epochs replaced
     assert doc["validations"][0]["summary"]["profile_distance_z"] == pytest.approx(1.0)

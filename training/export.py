@@ -3,7 +3,8 @@
     hpcai-launch export-onnx OUT/checkpoints/ckpt-E0002-S000000.pt --model 3dgan [--out G.onnx]
 
 Loads a training checkpoint (PyTorch, written by ``train``), exports the 3DGAN generator or
-the ResNet with a dynamic batch axis (``torch.onnx.export(dynamo=True)``), then runs the same
+the ResNet with a dynamic batch axis (``torch.onnx.export(dynamo=True)``); a 3DGAN trained with
+``--generator-ema`` exports its generator weight average unless ``--raw-generator``. It runs the same
 inputs - batches of 1 and 3 - through PyTorch and ONNX Runtime and compares the outputs:
 |onnx - torch| <= 1e-4 + 1e-4 x max|torch| per batch, else the export is deleted and the
 command fails.
@@ -46,8 +47,10 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
-def build(state: dict, model: str):
-    """The module to export and an example input, with the checkpoint's weights."""
+def build(state: dict, model: str, raw_generator: bool = False):
+    """(the module to export, an example input, which weights): the checkpoint's weights,
+    for a 3DGAN with a generator average (``--generator-ema``) that average unless
+    ``raw_generator``."""
     import torch
 
     from ..models import gan3d, resnet
@@ -56,9 +59,21 @@ def build(state: dict, model: str):
         raise UserError(f"the checkpoint is of model {state['model']!r}, not {model!r}",
                         f"use --model {state['model']}")
     config = state.get("config", {})
+    average = state.get("extra", {}).get("generator_average")
+    if raw_generator and average is None:
+        raise UserError("--raw-generator, but the checkpoint has no generator average: its "
+                        "generator is the trained weights already",
+                        "leave --raw-generator out (it is for runs with --generator-ema)")
+    weights = "the trained weights"
     if model == "3dgan":
         net = gan3d.Generator(bn_axis=config.get("bn_axis", "channels"))
-        net.load_state_dict(state["modules"]["generator"])
+        net.load_state_dict(state["modules"]["generator"])   # with the BatchNorm statistics
+        if average is not None and not raw_generator:
+            with torch.no_grad():
+                for p, saved in zip(net.parameters(), average["parameters"], strict=True):
+                    p.copy_(saved)
+            weights = (f"the generator weight average (decay {average['decay']:g}, "
+                       f"{average['updates']} steps)")
         example = torch.randn(2, gan3d.LATENT)
         scale = float(config.get("cell_scale", 1.0))
         if scale != 1.0:                       # the exported generator writes GeV
@@ -69,7 +84,7 @@ def build(state: dict, model: str):
         net.load_state_dict(state["modules"]["net"])
         size = config.get("image_size", 224)
         example = torch.randn(2, 3, size, size)
-    return net.eval().to(memory_format=torch.contiguous_format), example
+    return net.eval().to(memory_format=torch.contiguous_format), example, weights
 
 
 def export(net, example, out: Path) -> None:
@@ -111,6 +126,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--model", choices=MODELS, required=True)
     p.add_argument("--out", help="ONNX file (default: next to the checkpoint)")
+    p.add_argument("--raw-generator", action="store_true",
+                   help="3dgan trained with --generator-ema: export the trained generator "
+                        "weights, not their average")
     ns = p.parse_args(argv)
     try:
         import onnxruntime  # noqa: F401
@@ -119,10 +137,10 @@ def main(argv: list[str]) -> int:
                         "pip install onnx onnxruntime onnxscript (see requirements.txt)") from exc
     path = Path(ns.checkpoint)
     state = load_checkpoint(path)
-    net, example = build(state, ns.model)
+    net, example, weights = build(state, ns.model, ns.raw_generator)
     out = Path(ns.out) if ns.out else path.with_suffix(f".{ns.model}.onnx")
     export(net, example, out)
-    report = compare(net, example, out)
+    report = {"weights": weights, **compare(net, example, out)}
     for b in report["batches"]:
         print(f"batch {b['batch']}: output {b['shape']}, max |onnx - torch| "
               f"{b['max_abs_diff']:.3g} (bound {b['bound']:.3g}) {'OK' if b['ok'] else 'FAIL'}")
@@ -131,5 +149,5 @@ def main(argv: list[str]) -> int:
         print("error: ONNX Runtime disagrees with PyTorch; export removed", file=sys.stderr)
         return 1
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    print(f"wrote {out} (dynamic batch axis), validated with onnxruntime")
+    print(f"wrote {out} ({weights}, dynamic batch axis), validated with onnxruntime")
     return 0

@@ -111,6 +111,7 @@ class KerasGanTask:
     name = "3dgan"
     loss_keys = ("d_real", "d_fake", "g", "d_real_aux", "g1_aux", "g1_ecal")
     flop_convention = FLOP_CONVENTION_TF
+    generators = ("raw",)   # no --generator-ema with TensorFlow
 
     def __init__(self, cfg, lr: float, seed_offset: int = 0) -> None:
         import keras
@@ -232,9 +233,11 @@ class KerasGanTask:
             "real_sum_over_f": float(np.mean(x.sum(axis=axes) / f_real)),
         }
 
-    def physics_pass(self, x, e, z, chunk: int = 32):
+    def physics_pass(self, x, e, z, chunk: int = 32, generator: str = "raw"):
         """As ``GanTask.physics_pass``: (G(E' z), aux of D on x, aux of D on G(E' z)), both
         networks in inference mode (moving statistics, no dropout); showers (n,1,25,25,25)."""
+        if generator not in self.generators:
+            raise ValueError(f"no generator {generator!r} here: {self.generators}")
         tf = self.tf
         generated, aux_real, aux_gen = [], [], []
         for start in range(0, len(e), chunk):

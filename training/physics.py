@@ -164,6 +164,7 @@ class Validation:
     aux_mape_gen: float | None
     outside_bins: int = 0   # events whose energy lies outside every bin
     gen_empty_fraction: float = 0.0   # generated showers without a cell above threshold
+    generator: str = "raw"  # the trained weights, or "average" (train --generator-ema)
 
     def summary(self) -> dict[str, float]:
         """Flat numbers for the epoch record: the event-weighted mean profile distance per
@@ -192,7 +193,7 @@ class Validation:
 
 def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
             edges: tuple[float, ...] = ENERGY_BINS_GEV,
-            threshold: float = HIT_THRESHOLD_GEV) -> Validation:
+            threshold: float = HIT_THRESHOLD_GEV, generator: str = "raw") -> Validation:
     """Bin by bin comparison; ``gen`` holds the generator's showers at the energies of
     ``real``, event for event."""
     if len(real) != len(gen) or not np.array_equal(real.energy_gev, gen.energy_gev):
@@ -220,4 +221,4 @@ def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
                       aux_mape_gen=mape(gen_in.aux, gen_in.energy_gev),
                       outside_bins=int((~inside).sum()),
                       gen_empty_fraction=(float((gen_in.hits == 0).mean()) if len(gen_in)
-                                          else 0.0))
+                                          else 0.0), generator=generator)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..models import gan3d, resnet
 
+from .averaging import WeightAverage
 from .config import TrainConfig
 
 FLOP_CONVENTION = ("1 multiply-add = 2 FLOP (torch.utils.flop_counter.FlopCounterMode); "
@@ -64,7 +65,8 @@ def _batch_statistics(module: torch.nn.Module):
 
 
 class GanTask:
-    """CERN's 3DGAN: D real, D fake, G, G per iteration (see docs/3dgan.md)."""
+    """CERN's 3DGAN: D real, D fake, G, G per iteration (see docs/3dgan.md), with
+    ``--generator-ema`` an average of the generator's weights beside it (``averaging``)."""
 
     name = "3dgan"
     flop_convention = FLOP_CONVENTION
@@ -86,10 +88,31 @@ class GanTask:
         self.opt_g = make_optimizer(cfg.optimizer, self.G.parameters(), lr)
         self.opt_d = make_optimizer(cfg.optimizer, self.D.parameters(), lr)
         self.channels_last = cfg.channels_last
+        self.average = (WeightAverage(self.G, cfg.generator_ema)
+                        if cfg.generator_ema is not None else None)
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"generator": self.G, "discriminator": self.D}
+
+    @property
+    def generators(self) -> tuple[str, ...]:
+        """What physics validation judges, the run's result first: the weight average
+        (with ``--generator-ema``), then the raw generator."""
+        return ("average", "raw") if self.average is not None else ("raw",)
+
+    def extra_state(self) -> dict:
+        """Checkpointed beside the modules and optimisers: the generator's average."""
+        return {} if self.average is None else {"generator_average": self.average.state_dict()}
+
+    def load_extra_state(self, state: dict) -> None:
+        saved = state.get("generator_average")
+        if (saved is None) != (self.average is None):
+            raise ValueError("the checkpoint has " + ("no" if saved is None else "a")
+                             + " generator average and this run " + (
+                                 "keeps one" if saved is None else "does not"))
+        if saved is not None:
+            self.average.load_state_dict(saved)
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -100,8 +123,11 @@ class GanTask:
         x, e = self._to_network(x), torch.from_numpy(e).to(self.device)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
-        return gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
-                                   after_backward, self.d_bn_in_g_steps, self.loss_weights)
+        losses = gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
+                                     after_backward, self.d_bn_in_g_steps, self.loss_weights)
+        if self.average is not None:
+            self.average.update(self.G)
+        return losses
 
     def _to_network(self, x: np.ndarray) -> torch.Tensor:
         """Cells in GeV -> the networks' units on the task's device (a new tensor when scaled
@@ -134,20 +160,23 @@ class GanTask:
             }
 
     @torch.no_grad()
-    def physics_pass(self, x: np.ndarray, e: np.ndarray, z: np.ndarray, chunk: int = 32
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def physics_pass(self, x: np.ndarray, e: np.ndarray, z: np.ndarray, chunk: int = 32,
+                     generator: str = "raw") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(G(E' z) in GeV, aux of D on x, aux of D on G(E' z)) as NumPy, both networks in
         inference mode (moving BatchNorm statistics, no dropout), their modes restored
-        afterwards. ``x`` is in GeV, as read."""
-        modes = [(m, m.training) for net in (self.G, self.D) for m in net.modules()]
-        self.G.eval()
+        afterwards. ``x`` is in GeV, as read. ``generator``: one of :attr:`generators`."""
+        if generator not in self.generators:
+            raise ValueError(f"no generator {generator!r} here: {self.generators}")
+        G = self.G if generator == "raw" else self.average.module(self.G)
+        modes = [(m, m.training) for net in (G, self.D) for m in net.modules()]
+        G.eval()
         self.D.eval()
         generated, aux_real, aux_gen = [], [], []
         try:
             for start in range(0, len(e), chunk):
                 xs = self._to_network(x[start:start + chunk])
                 es = torch.from_numpy(e[start:start + chunk]).to(self.device).view(-1, 1)
-                gs = self.G(es * torch.from_numpy(z[start:start + chunk]).to(self.device))
+                gs = G(es * torch.from_numpy(z[start:start + chunk]).to(self.device))
                 if self.channels_last:
                     xs = xs.contiguous(memory_format=torch.channels_last_3d)
                 generated.append((gs / self.cell_scale).contiguous().cpu().numpy())

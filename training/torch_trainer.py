@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..core.errors import UserError
+
 from .allreduce import (GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport,
                         host_array)
 from .metrics import best_gemm_gflops
@@ -131,10 +133,19 @@ class TorchTrainer(Trainer):
                 group["lr"] = lr
 
     def _task_state(self) -> dict:
+        extra = getattr(self.task, "extra_state", dict)()
         return {"modules": {k: m.state_dict() for k, m in self.task.modules.items()},
-                "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()}}
+                "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
+                **({"extra": extra} if extra else {})}
 
     def _load_task_state(self, state: dict) -> None:
+        if hasattr(self.task, "load_extra_state"):
+            try:
+                self.task.load_extra_state(state.get("extra", {}))
+            except ValueError as exc:
+                raise UserError(f"--resume: {exc}",
+                                "resume with the --generator-ema the run was started with, "
+                                "or start a new --out") from None
         for key, module in self.task.modules.items():
             module.load_state_dict(state["modules"][key])
         for key, opt in self.task.optimizers.items():

@@ -382,10 +382,10 @@ class Trainer(ABC):
         physics_summary = None
         if self.validator is not None and due(epoch, cfg.epochs, cfg.validate_every):
             watch.enter("physics validation")   # collective: every rank its share
-            validation = self.validator.run(self.task, epoch)
-            if validation is not None:   # rank 0
-                record_physics(cfg.out_dir, validation, self.validator.held_out)
-                physics_summary = validation.summary()
+            validations = self.validator.run(self.task, epoch)
+            if validations is not None:   # rank 0
+                record_physics(cfg.out_dir, validations, self.validator.held_out)
+                physics_summary = validations[0].summary()
         watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
         evaluated = self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None
         record = EpochRecord(
@@ -432,7 +432,8 @@ class Trainer(ABC):
         if evaluated:
             main_losses += f" | on {r.eval['samples']} fixed samples: {evaluated}"
         if r.physics:
-            main_losses += " | held out: " + " ".join(
+            which = " (generator weight average)" if self.cfg.generator_ema else ""
+            main_losses += f" | held out{which}: " + " ".join(
                 f"{k} {v:.4g}" for k, v in r.physics.items() if k != "events")
         print(f"epoch {r.epoch}: {r.epoch_time_s:.2f} s (compute {r.compute_s:.2f}, comm "
               f"{r.comm_s:.2f}, data {r.data_s:.2f}), {r.samples_per_s:.2f} samples/s, "

@@ -8,11 +8,13 @@ vector fixed per event for the whole run, and summarises real and generated show
 after every validation, earlier validations kept on ``--resume``) with the plots beside it
 (``physics_plots``).
 
-The task's hook: ``physics_pass(x, e, z) -> (generated, aux_real, aux_gen)`` on NumPy arrays
-(x (n,1,25,25,25) GeV, E' (n,), z (n, latent)): the generator at E' * z and the
+The task's hook: ``physics_pass(x, e, z, generator=G) -> (generated, aux_real, aux_gen)`` on
+NumPy arrays (x (n,1,25,25,25) GeV, E' (n,), z (n, latent)): generator G at E' * z and the
 discriminator's regressed E' on the real and the generated showers, both networks in
 inference mode (moving BatchNorm statistics, no dropout), as CERN's analysis calls
-``predict``.
+``predict``. Every generator in the task's ``generators`` is judged on the same events and
+latent vectors; the first is the run's result (the weight average with ``--generator-ema``),
+the others go beside it into ``physics.json`` as ``others``.
 """
 
 from __future__ import annotations
@@ -60,21 +62,28 @@ class PhysicsValidator:
                 self._real = reader.read(self.mine)
         return self._real
 
-    def run(self, task, epoch: int) -> physics.Validation | None:
-        """Collective: every rank validates its share; rank 0 gets the comparison."""
+    def run(self, task, epoch: int) -> list[physics.Validation] | None:
+        """Collective: every rank validates its share; rank 0 gets the comparisons, one per
+        generator of ``task.generators``, in that order (the real side is the
+        discriminator's first look at the real showers, the same for every generator)."""
         x, e = self._real_events()
-        if len(e):
-            generated, aux_real, aux_gen = task.physics_pass(x, e, self.z)
-        else:
-            generated, aux_real, aux_gen = x, np.zeros(0), np.zeros(0)
         e_gev = e.astype(np.float64) * ENERGY_SCALE_GEV
-        mine = (physics.summarise(x, e_gev, aux_real), physics.summarise(generated, e_gev, aux_gen))
+        mine = []
+        for which in task.generators:
+            if len(e):
+                generated, aux_real, aux_gen = task.physics_pass(x, e, self.z, generator=which)
+            else:
+                generated, aux_real, aux_gen = x, np.zeros(0), np.zeros(0)
+            if not mine:
+                mine.append(physics.summarise(x, e_gev, aux_real))
+            mine.append(physics.summarise(generated, e_gev, aux_gen))
         gathered = self.comm.gather(mine, root=0)
         if self.rank != 0:
             return None
-        real = physics.concat([r for r, _ in gathered])
-        gen = physics.concat([g for _, g in gathered])
-        return physics.compare(real, gen, epoch)
+        real = physics.concat([m[0] for m in gathered])
+        return [physics.compare(real, physics.concat([m[i + 1] for m in gathered]), epoch,
+                                generator=which)
+                for i, which in enumerate(task.generators)]
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -88,16 +97,29 @@ def _atomic_write(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
-def record(out_dir: Path, validation: physics.Validation, held_out: DatasetIndex) -> Path:
-    """Rank 0: add ``validation`` to ``OUT/physics.json`` (replacing any of the same or a
-    later epoch, left by a run that was resumed) and redraw the plots. Returns the JSON's
+def entry(validations: list[physics.Validation]) -> dict:
+    """One validation of ``physics.json``: the first generator's comparison with its
+    summary, and any others (the raw generator beside the average) under ``others``."""
+    first, *rest = validations
+    out = {**first.to_dict(), "summary": first.summary()}
+    if rest:
+        out["others"] = [{**v.to_dict(), "summary": v.summary()} for v in rest]
+    return out
+
+
+def record(out_dir: Path, validations: list[physics.Validation],
+           held_out: DatasetIndex) -> Path:
+    """Rank 0: add one validation (``validations``: one per generator, the run's result
+    first) to ``OUT/physics.json`` (replacing any of the same or a later epoch, left by a
+    run that was resumed) and redraw the plots, of the first generator. Returns the JSON's
     path."""
     path = out_dir / PHYSICS_FILE
+    epoch = validations[0].epoch
     history = []
     if path.exists():
         history = [v for v in json.loads(path.read_text(encoding="utf-8"))["validations"]
-                   if v["epoch"] < validation.epoch]
-    history.append({**validation.to_dict(), "summary": validation.summary()})
+                   if v["epoch"] < epoch]
+    history.append(entry(validations))
     doc = {"version": SCHEMA_VERSION, "energy_bins_gev": list(physics.ENERGY_BINS_GEV),
            "axes": list(physics.AXES),
            "held_out": {"files": [str(p) for p in held_out.files],

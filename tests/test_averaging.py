@@ -1,0 +1,166 @@
+"""``train 3dgan --generator-ema``: the generator's weight average (``training/averaging.py``),
+what physics validation judges with it, and that it survives a checkpoint and --resume.
+
+The average is checked against its formula computed here from the weights after each step;
+the control is the last weights, which it must not equal. Physics validation must judge the
+average and the raw generator on the same events: the two differ after a few steps, and
+coincide when the decay is so small that the average is the last weights (the control of
+the comparison). A resumed run's average must be the uninterrupted run's, bit for bit, and a
+resume that would drop or invent an average is refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hpcai.training.averaging import WeightAverage
+from hpcai.training.config import parse
+from hpcai.training.tasks import GanTask
+from jobs import train
+
+
+def _weights(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def test_the_average_is_the_normalised_exponential_average_of_the_steps():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    decay = 0.8
+    average = WeightAverage(net, decay)
+    after = []
+    for _ in range(6):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn_like(p))
+        average.update(net)
+        after.append(_weights(net))
+    n = len(after)
+    coeff = [(1 - decay) * decay ** (n - 1 - k) for k in range(n)]
+    for i, p in enumerate(average.module(net).parameters()):
+        expected = sum(c * w[i] for c, w in zip(coeff, after)) / sum(coeff)
+        torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-6)
+        assert (p - after[-1][i]).abs().max() > 0.1, "the average is just the last weights"
+
+
+def test_the_first_average_is_the_first_weights_and_the_state_round_trips():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    average = WeightAverage(net, 0.99)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+        net[1].running_mean.fill_(7.0)
+    average.update(net)
+    for a, w in zip(average.module(net).parameters(), net.parameters()):
+        assert torch.equal(a, w)    # no trace of the initial weights
+    assert torch.equal(average.module(net)[1].running_mean, net[1].running_mean)
+    copy = WeightAverage(net, 0.99)
+    copy.load_state_dict(average.state_dict())
+    assert copy.updates == 1
+    for a, b in zip(copy.module(net).parameters(), average.module(net).parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="decay 0.99, not 0.9"):
+        WeightAverage(net, 0.9).load_state_dict(average.state_dict())
+
+
+def _gan(decay: float | None) -> GanTask:
+    args = ["3dgan", "--generate", "8", "--cell-scale", "100"]
+    if decay is not None:
+        args += ["--generator-ema", str(decay)]
+    cfg = parse(args)
+    return GanTask(cfg, lr=1e-3)
+
+
+def _train(task: GanTask, steps: int) -> None:
+    rng = np.random.default_rng(3)
+    for step in range(steps):
+        x = rng.gamma(0.2, 0.05, (2, 1, 25, 25, 25)).astype(np.float32)
+        e = rng.uniform(0.1, 5.0, 2).astype(np.float32)
+        task.train_step(x, e, torch.Generator().manual_seed(step), None)
+
+
+def test_physics_pass_judges_the_average_beside_the_raw_generator():
+    """After 3 steps the average's showers differ from the raw generator's; with a decay so
+    small that the average is the last weights they coincide (the control)."""
+    z = np.random.default_rng(1).standard_normal((4, 200)).astype(np.float32)
+    x = np.zeros((4, 1, 25, 25, 25), np.float32)
+    e = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
+    task = _gan(0.9)
+    assert task.generators == ("average", "raw")
+    _train(task, 3)
+    average = task.physics_pass(x, e, z, generator="average")[0]
+    raw = task.physics_pass(x, e, z, generator="raw")[0]
+    assert np.abs(average - raw).max() > 1e-3 * np.abs(raw).max()
+    assert task.G.training, "the generator's mode was not restored"
+    short = _gan(1e-9)
+    _train(short, 3)
+    np.testing.assert_allclose(short.physics_pass(x, e, z, generator="average")[0],
+                               short.physics_pass(x, e, z, generator="raw")[0],
+                               rtol=1e-5, atol=1e-7)
+    plain = _gan(None)
+    assert plain.generators == ("raw",) and plain.extra_state() == {}
+    with pytest.raises(ValueError, match="no generator 'average'"):
+        plain.physics_pass(x, e, z, generator="average")
+
+
+GAN = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+       "--validate-every", "1", "--validate-events", "8", "--eval-samples", "0",
+       "--peak-gflops", "50", "--cell-scale", "100"]
+
+
+def _last(out) -> dict:
+    return json.loads((out / "physics.json").read_text())["validations"][-1]
+
+
+@pytest.mark.mpi
+def test_physics_json_has_both_generators_and_resume_keeps_the_average(tmp_path):
+    straight = tmp_path / "straight"
+    result = train(2, *GAN, "--epochs", "2", "--generator-ema", "0.5", "--out", str(straight))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "held out (generator weight average):" in result.stdout
+    whole = _last(straight)
+    assert whole["generator"] == "average"
+    (raw,) = whole["others"]
+    assert raw["generator"] == "raw" and raw["events"] == whole["events"] == 8
+    assert raw["summary"] != whole["summary"], "the average judged like the raw generator"
+    assert [b["real"] for b in raw["bins"]] == [b["real"] for b in whole["bins"]]
+
+    # one rank: a 2-rank resume restarts rank 1 from rank 0's weights, which need not be
+    # bit for bit its own (the replica check allows rounding), so only 1 rank resumes exactly
+    reference = tmp_path / "reference"
+    result = train(1, *GAN, "--epochs", "2", "--generator-ema", "0.5", "--out", str(reference))
+    assert result.returncode == 0, result.stderr[-2000:]
+    whole, raw = _last(reference), _last(reference)["others"][0]
+    out = tmp_path / "resumed"
+    first = train(1, *GAN, "--epochs", "1", "--generator-ema", "0.5", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    dropped = train(1, *GAN, "--epochs", "2", "--resume", "--out", str(out))
+    assert dropped.returncode == 2, dropped.stderr[-2000:]
+    assert ("--resume: the checkpoint has a generator average and this run does not"
+            in dropped.stderr) and "hint: resume with the --generator-ema" in dropped.stderr
+    other = train(1, *GAN, "--epochs", "2", "--resume", "--generator-ema", "0.9",
+                  "--out", str(out))
+    assert other.returncode == 2 and "decay 0.5, not 0.9" in other.stderr, other.stderr[-2000:]
+    resumed = train(1, *GAN, "--epochs", "2", "--resume", "--generator-ema", "0.5",
+                    "--out", str(out))
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-2000:]
+    assert _last(out)["summary"] == whole["summary"]
+    assert _last(out)["others"][0]["summary"] == raw["summary"]
+
+
+@pytest.mark.mpi
+def test_resume_refuses_to_invent_an_average(tmp_path):
+    """The other direction: a run without an average cannot resume into one that would
+    silently start from the resumed weights."""
+    out = tmp_path / "plain"
+    first = train(1, *GAN, "--epochs", "1", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "others" not in _last(out) and _last(out)["generator"] == "raw"
+    invented = train(1, *GAN, "--epochs", "2", "--resume", "--generator-ema", "0.5",
+                     "--out", str(out))
+    assert invented.returncode == 2, invented.stderr[-2000:]
+    assert "the checkpoint has no generator average and this run keeps one" in invented.stderr
