@@ -9,27 +9,62 @@ of the weights w_k after each step: exponential weights with time constant about
 initial weights never enter and avg_1 = w_1. It depends only on the steps taken, not on the
 run's length: a shorter run's average is a longer run's at the same step.
 
-Only the parameters are averaged. The buffers (BatchNorm's moving statistics, themselves
-moving averages) are the live module's, copied in by :meth:`WeightAverage.module` when the
-average is used. Every rank holds the same weights after each step, so every rank's average
-is the same without any communication.
+Only the parameters are averaged. BatchNorm's moving statistics belong to the weights they
+were measured with, not to an average of weights: before the average is used or saved,
+:func:`standing_statistics` measures them afresh for the averaged weights, on a fixed set of
+inputs (BigGAN's "standing statistics", SWA's ``update_bn``). Every rank holds the same
+weights after each step, so every rank's average is the same without any communication.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Callable, Iterable
 
 import torch
 
 
+@torch.no_grad()
+def standing_statistics(module: torch.nn.Module, batches: Iterable[torch.Tensor]) -> int:
+    """Re-measure every BatchNorm's moving mean and variance of ``module`` as the plain mean
+    over forward passes of ``batches`` in training mode (momentum None), leaving its weights,
+    momenta and mode as they were. Returns the batches run (0 without BatchNorm)."""
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return 0
+    momenta = [m.momentum for m in norms]
+    modes = [(m, m.training) for m in module.modules()]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    module.train()
+    count = 0
+    try:
+        for x in batches:
+            module(x)
+            count += 1
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        for m, mode in modes:
+            m.training = mode
+    return count
+
+
 class WeightAverage:
-    def __init__(self, module: torch.nn.Module, decay: float) -> None:
+    """The average of ``module``'s weights; ``inputs()`` yields the batches its BatchNorm
+    statistics are measured on (the same every time)."""
+
+    def __init__(self, module: torch.nn.Module, decay: float,
+                 inputs: Callable[[], Iterable[torch.Tensor]]) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"decay must lie in (0, 1), got {decay}")
         self.decay = decay
         self.updates = 0
+        self._inputs = inputs
         self._average = copy.deepcopy(module)
         self._average.requires_grad_(False)
+        self._measured = False   # are the BatchNorm statistics the current average's?
 
     @torch.no_grad()
     def update(self, module: torch.nn.Module) -> None:
@@ -38,26 +73,24 @@ class WeightAverage:
         weight = (1.0 - self.decay) / (1.0 - self.decay ** self.updates)
         for avg, live in zip(self._average.parameters(), module.parameters()):
             avg.lerp_(live.detach(), weight)
+        self._measured = False
 
-    @torch.no_grad()
-    def module(self, live: torch.nn.Module) -> torch.nn.Module:
-        """The averaged module, with ``live``'s buffers copied in (its modes are the
-        caller's to set)."""
-        for avg, buf in zip(self._average.buffers(), live.buffers()):
-            avg.copy_(buf)
+    def module(self) -> torch.nn.Module:
+        """The averaged module, its BatchNorm statistics measured for the averaged weights
+        (again only after an update); its mode is the caller's to set."""
+        if not self._measured:
+            standing_statistics(self._average, self._inputs())
+            self._measured = True
         return self._average
 
     def state_dict(self) -> dict:
+        """Decay, updates and the averaged module's state (weights and their statistics)."""
         return {"decay": self.decay, "updates": self.updates,
-                "parameters": [p.detach().clone() for p in self._average.parameters()]}
+                "module": {k: v.detach().clone() for k, v in self.module().state_dict().items()}}
 
-    @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         if state["decay"] != self.decay:
             raise ValueError(f"the saved average has decay {state['decay']}, not {self.decay}")
-        params = list(self._average.parameters())
-        if len(params) != len(state["parameters"]):
-            raise ValueError("the saved average is of another module")
-        for p, saved in zip(params, state["parameters"]):
-            p.copy_(saved)
+        self._average.load_state_dict(state["module"])
         self.updates = int(state["updates"])
+        self._measured = True

@@ -67,11 +67,9 @@ def build(state: dict, model: str, raw_generator: bool = False):
     weights = "the trained weights"
     if model == "3dgan":
         net = gan3d.Generator(bn_axis=config.get("bn_axis", "channels"))
-        net.load_state_dict(state["modules"]["generator"])   # with the BatchNorm statistics
-        if average is not None and not raw_generator:
-            with torch.no_grad():
-                for p, saved in zip(net.parameters(), average["parameters"], strict=True):
-                    p.copy_(saved)
+        net.load_state_dict(state["modules"]["generator"])
+        if average is not None and not raw_generator:   # its weights and their statistics
+            net.load_state_dict(average["module"])
             weights = (f"the generator weight average (decay {average['decay']:g}, "
                        f"{average['updates']} steps)")
         example = torch.randn(2, gan3d.LATENT)

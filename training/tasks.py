@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from ..models import gan3d, resnet
 from .averaging import WeightAverage
 from .config import TrainConfig
 
+STANDING_BATCHES, STANDING_SEED = 16, 0x57A4D   # the generator average's BatchNorm inputs
 FLOP_CONVENTION = ("1 multiply-add = 2 FLOP (torch.utils.flop_counter.FlopCounterMode); "
                    "training FLOPs = forward + backward of one full iteration as counted")
 
@@ -88,7 +89,8 @@ class GanTask:
         self.opt_g = make_optimizer(cfg.optimizer, self.G.parameters(), lr)
         self.opt_d = make_optimizer(cfg.optimizer, self.D.parameters(), lr)
         self.channels_last = cfg.channels_last
-        self.average = (WeightAverage(self.G, cfg.generator_ema)
+        self.batch_size = cfg.batch_size
+        self.average = (WeightAverage(self.G, cfg.generator_ema, self._generator_inputs)
                         if cfg.generator_ema is not None else None)
 
     @property
@@ -100,6 +102,13 @@ class GanTask:
         """What physics validation judges, the run's result first: the weight average
         (with ``--generator-ema``), then the raw generator."""
         return ("average", "raw") if self.average is not None else ("raw",)
+
+    def _generator_inputs(self) -> Iterator[torch.Tensor]:
+        """The batches the average's BatchNorm statistics are measured on: E' * z drawn as in
+        training, from a fixed seed, ``STANDING_BATCHES`` of the run's batch size."""
+        rng = torch.Generator(self.device).manual_seed(STANDING_SEED)
+        for _ in range(STANDING_BATCHES):
+            yield gan3d.sample_inputs(self.batch_size, rng)[2]
 
     def extra_state(self) -> dict:
         """Checkpointed beside the modules and optimisers: the generator's average."""
@@ -167,7 +176,7 @@ class GanTask:
         afterwards. ``x`` is in GeV, as read. ``generator``: one of :attr:`generators`."""
         if generator not in self.generators:
             raise ValueError(f"no generator {generator!r} here: {self.generators}")
-        G = self.G if generator == "raw" else self.average.module(self.G)
+        G = self.G if generator == "raw" else self.average.module()
         modes = [(m, m.training) for net in (G, self.D) for m in net.modules()]
         G.eval()
         self.D.eval()
