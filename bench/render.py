@@ -105,13 +105,19 @@ def _learning_table(files: list[tuple[str, dict]]) -> str:
         b = data["budget"]
         budget = (f"{b['epochs']} × {b['steps_per_epoch']} × {b['batch_per_rank']}"
                   + (f", `{' '.join(b['train_args'])}`" if b.get("train_args") else ""))
-        v = data["verdict"]
-        verdict = ("passed" if v["passed"] else
-                   f"not passed ({sum(not ok for ok in v['checks'].values())} of "
-                   f"{len(v['checks'])} checks fail)")
+        def said(v: dict) -> str:
+            return ("passed" if v["passed"] else
+                    f"not passed ({sum(not ok for ok in v['checks'].values())} of "
+                    f"{len(v['checks'])} checks fail)")
+        verdict = said(data["verdict"])
         if not data.get("complete", True):
             verdict += f"; incomplete: {len(data['runs'])} of {len(data['seeds'])} seeds"
-        for run in data["runs"]:
+        rows = [(run, str(run["seed"]), verdict) for run in data["runs"]]
+        if "raw_generator" in data:   # --generator-ema: the average, then the raw control
+            rows = [(run, f"{run['seed']} (average)", verdict) for run in data["runs"]] + [
+                ({**run, **run["raw"]}, f"{run['seed']} (raw)",
+                 said(data["raw_generator"]["verdict"])) for run in data["runs"]]
+        for run, seed, verdict in rows:
             hist = run["history"]
             worst = ", ".join(_g(h["sampling_fraction_worst_rel_diff"]) for h in hist)
             if run.get("stopped_dead_at_epoch") is not None:
@@ -121,7 +127,7 @@ def _learning_table(files: list[tuple[str, dict]]) -> str:
             empty = " → ".join(_g(hist[i].get("gen_empty_fraction")) for i in (0, -1))
             dist = ", ".join(f"{_g(hist[0]['profile_distance_' + a])} → "
                              f"{_g(hist[-1]['profile_distance_' + a])}" for a in "xyz")
-            lines.append(f"| `{name}` | {budget} | {run['seed']} | {worst} | {bins} | {empty} "
+            lines.append(f"| `{name}` | {budget} | {seed} | {worst} | {bins} | {empty} "
                          f"| {dist} | {verdict} |")
         p = data["provenance"]
         gpu = f"{p['gpus'].split(' (UUID')[0]}, " if p.get("gpus") else ""

@@ -115,6 +115,25 @@ class TorchTrainer(Trainer):
     def _state_arrays(self, everything: bool) -> list[np.ndarray]:
         return module_arrays(self.task.modules.values(), buffers=everything)
 
+    def _moving_statistics(self) -> list[torch.Tensor]:
+        """Every BatchNorm's running mean and variance of the task's modules."""
+        return [buf for module in self.task.modules.values() for m in module.modules()
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                and m.running_mean is not None for buf in (m.running_mean, m.running_var)]
+
+    def _local_statistics(self) -> list:
+        return [buf.detach().cpu().clone() for buf in self._moving_statistics()]
+
+    def _load_local_statistics(self, saved: list) -> None:
+        mine = self._moving_statistics()
+        if len(saved) != len(mine):
+            raise UserError(f"--resume: the checkpoint holds {len(saved)} BatchNorm "
+                            f"statistics per rank, this model has {len(mine)}",
+                            "resume with the model and options the run was started with")
+        with torch.no_grad():
+            for buf, value in zip(mine, saved):
+                buf.copy_(value)
+
     def _average_bn(self) -> None:
         for module in self.task.modules.values():
             for m in module.modules():

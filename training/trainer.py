@@ -115,6 +115,14 @@ class Trainer(ABC):
         """Replace BatchNorm statistics by their mean over ranks."""
 
     @abstractmethod
+    def _local_statistics(self) -> list:
+        """This rank's BatchNorm moving statistics, as the checkpoint stores them."""
+
+    @abstractmethod
+    def _load_local_statistics(self, saved: list) -> None:
+        """Put back what :meth:`_local_statistics` gave."""
+
+    @abstractmethod
     def _apply_lr(self, lr: float) -> None:
         ...
 
@@ -181,14 +189,14 @@ class Trainer(ABC):
         return sum(r.stats.wait_s for r in self.reducers.values())
 
     # -- replicas, lr, checkpoints --------------------------------------------------------
-    def _verify(self, exact: bool, what: str, buffers: bool = False) -> float:
-        """Prove the replicas agree (see ``replicas.verify``): everything bit for bit when
-        ``exact``, else the weights (and BatchNorm statistics with ``buffers``) within a
-        tolerance. Returns the seconds it took."""
+    def _verify(self, exact: bool, what: str, buffers: bool | None = None) -> float:
+        """Prove the replicas agree (see ``replicas.verify``): bit for bit when ``exact``,
+        else within a tolerance; the weights, and the BatchNorm statistics with ``buffers``
+        (default: when ``exact``). Returns the seconds it took."""
         start = time.perf_counter()
         if self.world > 1:
-            verify(self._state_arrays(everything=exact or buffers), self.comm, exact=exact,
-                   what=what)
+            verify(self._state_arrays(everything=exact if buffers is None else buffers),
+                   self.comm, exact=exact, what=what)
         return time.perf_counter() - start
 
     def _set_lr(self, epoch: int, step: int) -> float:
@@ -211,11 +219,19 @@ class Trainer(ABC):
 
     def _save(self, epoch: int, step: int, step_log: list) -> None:
         """Rank 0 appends the steps logged so far to steps.jsonl and writes the checkpoint of
-        (epoch, step); all ranks meet at a barrier."""
+        (epoch, step), with every rank's own BatchNorm statistics under ``--bn local``
+        (gathered: they differ between ranks, and the 3DGAN's generator uses its own in the
+        discriminator's fake step); all ranks meet at a barrier."""
         self.watch.enter("checkpoint write")
         self._flush_steps(step_log)
+        per_rank = None
+        if self.world > 1 and self.cfg.bn == "local":
+            per_rank = self.comm.gather(self._local_statistics(), root=0)
         if self.rank == 0:
-            checkpoint.save(self.cfg.checkpoint_dir, self._state(epoch, step), epoch, step,
+            state = self._state(epoch, step)
+            if per_rank is not None:
+                state["rank_statistics"] = per_rank
+            checkpoint.save(self.cfg.checkpoint_dir, state, epoch, step,
                             write=self._write_checkpoint, keep=self.cfg.keep)
         self.watch.enter("checkpoint barrier")
         self.comm.Barrier()
@@ -227,14 +243,15 @@ class Trainer(ABC):
         self.watch.enter("step")
         return out
 
-    def _resume(self) -> None:
-        """Load the checkpoint ``loop.preflight`` read (``--resume``); none yet: start."""
+    def _resume(self) -> bool:
+        """Load the checkpoint ``loop.preflight`` read (``--resume``); none yet: start.
+        True when each rank took back its own BatchNorm statistics (they differ)."""
         if self.resume_from is None:
             self._broadcast()
             if self.rank == 0:
                 print(f"hpcai-train: --resume: no checkpoint yet in {self.cfg.checkpoint_dir}, "
                       "starting", flush=True)
-            return
+            return False
         path, state = self.resume_from
         framework = state.get("framework", "pytorch")
         if framework != self.framework:
@@ -250,6 +267,13 @@ class Trainer(ABC):
                 "resume with the same number of ranks and --batch-size (the data order "
                 "depends on both)")
         self._load_task_state(state)
+        per_rank = state.get("rank_statistics")
+        if per_rank is not None:
+            self._load_local_statistics(per_rank[self.rank])
+        elif self.world > 1 and self.cfg.bn == "local" and self.rank == 0:
+            print(f"hpcai-train: --resume: {path} holds rank 0's BatchNorm statistics only "
+                  "(written before per-rank ones were kept): every rank continues with them",
+                  flush=True)
         self.start_epoch, self.start_step = state["epoch"], state["step"]
         self.global_step = state["global_step"]
         if self.start_step >= self.steps:
@@ -257,6 +281,7 @@ class Trainer(ABC):
         if self.rank == 0:
             print(f"hpcai-train: resumed from {path} at epoch {self.start_epoch} step "
                   f"{self.start_step}", flush=True)
+        return per_rank is not None
 
     # -- measurement ----------------------------------------------------------------------
     def _peak(self) -> Peak:
@@ -272,11 +297,10 @@ class Trainer(ABC):
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> int:
         cfg, comm = self.cfg, self.comm
-        if cfg.resume:
-            self._resume()
-        else:
+        own_statistics = cfg.resume and self._resume()
+        if not cfg.resume:
             self._broadcast()
-        self._verify(exact=True, what="initial weights")
+        self._verify(exact=True, what="initial weights", buffers=not own_statistics)
         flops = self.task.flops_per_sample()
         peak = self._peak()
         prov = provenance(comm, comm_backend=cfg.comm, threads=self.threads,
