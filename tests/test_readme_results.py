@@ -92,8 +92,8 @@ def test_startup_block_is_its_json_and_a_doctored_one_is_caught(tmp_path):
 
 
 def test_learning_block_shows_every_committed_run_and_a_doctored_one_is_caught(tmp_path):
-    """The learning table has a row per seed of every ``learning-*.json``, each file with its
-    provenance; a changed validation value or verdict in a copy changes the rendered block."""
+    """The learning table has a row per seed of every ``learning-*.json`` (two with
+    ``--generator-ema``: the average and the raw generator), each file with its provenance; a changed validation value or verdict in a copy changes the rendered block."""
     block = render.BLOCK.search(README[README.index("<!-- results:learning"):]).group(3)
     files = sorted(RESULTS.glob("learning-*.json"))
     assert files
@@ -101,7 +101,10 @@ def test_learning_block_shows_every_committed_run_and_a_doctored_one_is_caught(t
         data = json.loads(f.read_text())
         assert {"git_commit", "date", "machine", "cpus", "load_average_at_start",
                 "load_average_at_end"} <= set(data["provenance"]), f.name
-        assert block.count(f"| `{f.name}` |") == len(data["runs"]) >= 1
+        sides = 2 if "raw_generator" in data else 1   # the average, then the raw control
+        assert block.count(f"| `{f.name}` |") == sides * len(data["runs"]) >= 1
+        if sides == 2:
+            assert f"| {data['runs'][0]['seed']} (raw) |" in block
     out = tmp_path / "results"
     shutil.copytree(RESULTS, out)
     path = out / files[-1].name
