@@ -93,7 +93,8 @@ def test_startup_block_is_its_json_and_a_doctored_one_is_caught(tmp_path):
 
 def test_learning_block_shows_every_committed_run_and_a_doctored_one_is_caught(tmp_path):
     """The learning table has a row per seed of every ``learning-*.json`` (two with
-    ``--generator-ema``: the average and the raw generator), each file with its provenance; a changed validation value or verdict in a copy changes the rendered block."""
+    ``--generator-ema``: the average and the raw generator), each file with its provenance;
+    a changed validation value or verdict in a copy changes the rendered block."""
     block = render.BLOCK.search(README[README.index("<!-- results:learning"):]).group(3)
     files = sorted(RESULTS.glob("learning-*.json"))
     assert files

@@ -3,9 +3,10 @@
     hpcai-launch export-onnx OUT/checkpoints/ckpt-E0002-S000000.pt --model 3dgan [--out G.onnx]
 
 Loads a training checkpoint (PyTorch, written by ``train``), exports the 3DGAN generator or
-the ResNet with a dynamic batch axis (``torch.onnx.export(dynamo=True)``); a 3DGAN trained with
-``--generator-ema`` exports its generator weight average unless ``--raw-generator``. It runs the same
-inputs - batches of 1 and 3 - through PyTorch and ONNX Runtime and compares the outputs:
+the ResNet with a dynamic batch axis (``torch.onnx.export(dynamo=True)``); a 3DGAN trained
+with ``--generator-ema`` exports its generator weight average unless ``--raw-generator``. It
+runs the same inputs - batches of 1 and 3 - through PyTorch and ONNX Runtime and compares the
+outputs:
 |onnx - torch| <= 1e-4 + 1e-4 x max|torch| per batch, else the export is deleted and the
 command fails.
 """
