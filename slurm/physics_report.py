@@ -1,8 +1,9 @@
 """hpcai-launch report RUN_DIR, for a 3DGAN training run: its held-out physics validation.
 
 Reads ``RUN_DIR/physics.json`` (written by the trainer, ``training/validation.py``), prints
-Markdown (every validation's summary against epoch, then the latest validation bin by bin)
-and redraws the PNGs into ``--out`` (default RUN_DIR), naming them.
+Markdown (which generator was judged, every validation's summary against epoch, the trained
+generator's beside the weight average's when the run kept one, then the latest validation bin
+by bin) and redraws the PNGs into ``--out`` (default RUN_DIR), naming them.
 """
 
 from __future__ import annotations
@@ -19,17 +20,32 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def render(doc: dict) -> str:
-    history = doc["validations"]
+GENERATORS = {"raw": "the trained generator",
+              "average": "the generator's weight average (train --generator-ema)"}
+
+
+def _summaries(history: list[dict]) -> list[str]:
+    """A table of every validation's summary against epoch."""
     keys = sorted({k for v in history for k in v["summary"] if k != "events"})
-    lines = ["# Physics validation on held-out events", "",
-             "Held-out files: " + ", ".join(Path(f).name for f in doc["held_out"]["files"]),
-             "", "| epoch | events | " + " | ".join(keys) + " |",
-             "|---" * (len(keys) + 2) + "|"]
+    lines = ["| epoch | events | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
     for v in history:
         s = v["summary"]
         lines.append(f"| {v['epoch']} | {v['events']} | "
                      + " | ".join(_fmt(s.get(k)) for k in keys) + " |")
+    return lines
+
+
+def render(doc: dict) -> str:
+    history = doc["validations"]
+    which = history[-1].get("generator", "raw")
+    lines = ["# Physics validation on held-out events", "",
+             "Held-out files: " + ", ".join(Path(f).name for f in doc["held_out"]["files"]),
+             "", f"Judged: {GENERATORS.get(which, which)}.", "", *_summaries(history)]
+    others = [v["others"][0] for v in history if v.get("others")]
+    if others:   # the trained generator beside the average, on the same events
+        other = others[-1].get("generator", "raw")
+        lines += ["", f"Beside it, on the same events: {GENERATORS.get(other, other)}.", "",
+                  *_summaries(others)]
     latest = history[-1]
     lines += ["", f"## Epoch {latest['epoch']}, per energy bin (real / generated)", "",
               "| E (GeV) | events | Σ/E | L1 x | L1 y | L1 z | depth mean | depth sd | hits |",

@@ -131,6 +131,7 @@ def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
     assert report.main([str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
     assert "Held-out files: Ele_9_0.h5" in out and "| 0 | 7 |" in out
+    assert "Judged: the trained generator." in out and "Beside it" not in out
     assert "| 10-100 | 2 | 0.02 / 0.04 | 1 | 1 | 1 |" in out
     for name in ("physics-profiles.png", "physics-sampling-fraction.png",
                  "physics-metrics.png"):
@@ -140,6 +141,29 @@ def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "error: " in err and "physics.json" in err and "hint: " in err
+
+
+def test_the_run_report_names_the_average_and_shows_the_trained_generator_beside_it(
+        tmp_path, capsys):
+    """With --generator-ema physics.json judges the average first and keeps the trained
+    generator under ``others``: the report says which is which and tabulates both; the
+    control above (a run without an average) names the trained generator only."""
+    from hpcai.slurm import report
+    from hpcai.training import validation
+    from hpcai.training.shower_data import DatasetIndex
+
+    held_out = DatasetIndex((tmp_path / "Ele_9_0.h5",), (7,))
+    x = _lateral_gauss(ENERGIES)
+    real = physics.summarise(x, ENERGIES)
+    average = physics.compare(real, physics.summarise(1.1 * x, ENERGIES), 0, generator="average")
+    raw = physics.compare(real, physics.summarise(3.0 * x, ENERGIES), 0, generator="raw")
+    validation.record(tmp_path, [average, raw], held_out)
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "Judged: the generator's weight average (train --generator-ema)." in out
+    assert "Beside it, on the same events: the trained generator." in out
+    assert out.count("| 0 | 7 |") == 2
+    assert "| 10-100 | 2 | 0.02 / 0.022 |" in out   # the bins are the average's
 
 
 def test_empty_generated_showers_are_counted():
