@@ -221,26 +221,27 @@ def ended_at(run: dict, k: int) -> dict:
     when that is cut off), the raw generator's side too. With a constant learning rate a
     shorter run is this run's first steps, step for step (deterministic), so one long run
     measures every shorter budget."""
-    cut = {**run, **_cut(run, k)}
+    cut = _cut(run, k)
     if "raw" in run:
-        cut["raw"] = {**run["raw"], **_cut(run["raw"], k)}
-        if k + 1 < len(run["history"]):
-            cut["raw"].pop("end_bins", None)
+        cut["raw"] = _cut(run["raw"], k)
     if k + 1 < len(run["history"]):
-        cut.pop("end_bins", None)
         cut["cut_after_epoch"] = run["history"][k]["epoch"]
     return cut
 
 
 def _cut(side: dict, k: int) -> dict:
-    """One generator's history, start, middle and end points up to validation ``k``."""
+    """One generator's side (history, start, middle and end points) up to validation ``k``,
+    without the last validation's ``end_bins`` when that is cut off."""
     history = side["history"][:k + 1]
     end = history[-1]
     at = {"start": history[0], "middle": history[len(history) // 2], "end": end}
-    return {"history": history,
-            "at": {p: {key: v for key, v in h.items()
-                       if key != "sampling_fraction_rel_diff_per_bin"} for p, h in at.items()},
-            "sampling_fraction_rel_diff_per_bin_end": end["sampling_fraction_rel_diff_per_bin"]}
+    cut = {**side, "history": history,
+           "at": {p: {key: v for key, v in h.items()
+                      if key != "sampling_fraction_rel_diff_per_bin"} for p, h in at.items()},
+           "sampling_fraction_rel_diff_per_bin_end": end["sampling_fraction_rel_diff_per_bin"]}
+    if k + 1 < len(side["history"]):
+        cut.pop("end_bins", None)
+    return cut
 
 
 def budgets(runs: list[dict], steps_per_epoch: int) -> dict | None:

@@ -132,8 +132,12 @@ def test_physics_pass_judges_the_average_beside_the_raw_generator():
     _train(task, 3)
     average = task.physics_pass(x, e, z, generator="average")[0]
     assert np.abs(average - raw_measured(task)).max() > 1e-3 * np.abs(average).max()
-    raw = task.physics_pass(x, e, z, generator="raw")[0]
+    raw, aux_real, aux_gen = task.physics_pass(x, e, z, generator="raw")
     assert np.abs(average - raw).max() > 1e-3 * np.abs(raw).max()
+    again, no_real, same_gen = task.physics_pass(x, e, z, generator="raw", real=False)
+    assert len(aux_real) == 4 and len(no_real) == 0   # D on the real showers only if asked
+    np.testing.assert_array_equal(again, raw)
+    np.testing.assert_array_equal(same_gen, aux_gen)
     assert task.G.training, "the generator's mode was not restored"
     short = _gan(1e-9)
     _train(short, 3)

@@ -68,11 +68,12 @@ def build(state: dict, model: str, raw_generator: bool = False):
     weights = "the trained weights"
     if model == "3dgan":
         net = gan3d.Generator(bn_axis=config.get("bn_axis", "channels"))
-        net.load_state_dict(state["modules"]["generator"])
         if average is not None and not raw_generator:   # its weights and their statistics
             net.load_state_dict(average["module"])
             weights = (f"the generator weight average (decay {average['decay']:g}, "
                        f"{average['updates']} steps)")
+        else:
+            net.load_state_dict(state["modules"]["generator"])
         example = torch.randn(2, gan3d.LATENT)
         scale = float(config.get("cell_scale", 1.0))
         if scale != 1.0:                       # the exported generator writes GeV

@@ -233,18 +233,19 @@ class KerasGanTask:
             "real_sum_over_f": float(np.mean(x.sum(axis=axes) / f_real)),
         }
 
-    def physics_pass(self, x, e, z, chunk: int = 32, generator: str = "raw"):
+    def physics_pass(self, x, e, z, chunk: int = 32, generator: str = "raw", real: bool = True):
         """As ``GanTask.physics_pass``: (G(E' z), aux of D on x, aux of D on G(E' z)), both
         networks in inference mode (moving statistics, no dropout); showers (n,1,25,25,25)."""
         if generator not in self.generators:
             raise ValueError(f"no generator {generator!r} here: {self.generators}")
         tf = self.tf
-        generated, aux_real, aux_gen = [], [], []
+        generated, aux_real, aux_gen = [], [np.zeros(0, np.float32)], []
         for start in range(0, len(e), chunk):
-            xs = self._image(np.asarray(x[start:start + chunk], dtype=np.float32))
             es = np.asarray(e[start:start + chunk], dtype=np.float32).reshape(-1, 1)
             gs = self.G(tf.constant(es * z[start:start + chunk]), training=False)
-            aux_real.append(self.D(tf.constant(xs), training=False)[1].numpy().reshape(-1))
+            if real:
+                xs = self._image(np.asarray(x[start:start + chunk], dtype=np.float32))
+                aux_real.append(self.D(tf.constant(xs), training=False)[1].numpy().reshape(-1))
             aux_gen.append(self.D(gs, training=False)[1].numpy().reshape(-1))
             generated.append(gs.numpy().reshape(len(es), 1, GRID, GRID, GRID))   # 1 channel
         return np.concatenate(generated), np.concatenate(aux_real), np.concatenate(aux_gen)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core.errors import UserError
 from ..models import gan3d, resnet
 
 from .averaging import WeightAverage
@@ -115,13 +116,19 @@ class GanTask:
         return {} if self.average is None else {"generator_average": self.average.state_dict()}
 
     def load_extra_state(self, state: dict) -> None:
+        """Restore :meth:`extra_state` on ``--resume``; a run that would drop, invent or
+        change the average is a :class:`UserError`."""
         saved = state.get("generator_average")
+        hint = "resume with the --generator-ema the run was started with, or start a new --out"
         if (saved is None) != (self.average is None):
-            raise ValueError("the checkpoint has " + ("no" if saved is None else "a")
-                             + " generator average and this run " + (
-                                 "keeps one" if saved is None else "does not"))
+            raise UserError("--resume: the checkpoint has " + ("no" if saved is None else "a")
+                            + " generator average and this run " + (
+                                "keeps one" if saved is None else "does not"), hint)
         if saved is not None:
-            self.average.load_state_dict(saved)
+            try:
+                self.average.load_state_dict(saved)
+            except ValueError as exc:
+                raise UserError(f"--resume: {exc}", hint) from None
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -170,27 +177,31 @@ class GanTask:
 
     @torch.no_grad()
     def physics_pass(self, x: np.ndarray, e: np.ndarray, z: np.ndarray, chunk: int = 32,
-                     generator: str = "raw") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     generator: str = "raw", real: bool = True
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(G(E' z) in GeV, aux of D on x, aux of D on G(E' z)) as NumPy, both networks in
         inference mode (moving BatchNorm statistics, no dropout), their modes restored
-        afterwards. ``x`` is in GeV, as read. ``generator``: one of :attr:`generators`."""
+        afterwards. ``x`` is in GeV, as read. ``generator``: one of :attr:`generators`;
+        ``real`` False: D is not run on ``x`` (its aux comes back empty), for a second
+        generator on the same events."""
         if generator not in self.generators:
             raise ValueError(f"no generator {generator!r} here: {self.generators}")
         G = self.G if generator == "raw" else self.average.module()
         modes = [(m, m.training) for net in (G, self.D) for m in net.modules()]
         G.eval()
         self.D.eval()
-        generated, aux_real, aux_gen = [], [], []
+        generated, aux_real, aux_gen = [], [np.zeros(0, np.float32)], []
         try:
             for start in range(0, len(e), chunk):
-                xs = self._to_network(x[start:start + chunk])
                 es = torch.from_numpy(e[start:start + chunk]).to(self.device).view(-1, 1)
                 gs = G(es * torch.from_numpy(z[start:start + chunk]).to(self.device))
-                if self.channels_last:
-                    xs = xs.contiguous(memory_format=torch.channels_last_3d)
                 generated.append((gs / self.cell_scale).contiguous().cpu().numpy())
-                aux_real.append(self.D(xs)[1].view(-1).cpu().numpy())
                 aux_gen.append(self.D(gs)[1].view(-1).cpu().numpy())
+                if real:
+                    xs = self._to_network(x[start:start + chunk])
+                    if self.channels_last:
+                        xs = xs.contiguous(memory_format=torch.channels_last_3d)
+                    aux_real.append(self.D(xs)[1].view(-1).cpu().numpy())
         finally:
             for m, mode in modes:
                 m.training = mode
@@ -232,6 +243,13 @@ class ResNetTask:
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"net": self.opt}
+
+    def extra_state(self) -> dict:
+        """Nothing beside the network and its optimiser."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        """Nothing to restore."""
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x

@@ -16,8 +16,6 @@ from typing import BinaryIO
 import numpy as np
 from mpi4py import MPI
 
-from ..core.errors import UserError
-
 from . import checkpoint
 from .keras_tasks import is_rng_state, make_keras_task, moving_statistics
 from .metrics import best_gemm_gflops
@@ -118,22 +116,19 @@ class TfTrainer(Trainer):
 
         return f"tensorflow {tf.__version__}, keras {keras.__version__}"
 
+    def _moving_statistics(self) -> list:
+        """Every BatchNorm's moving mean and variance of the task's models."""
+        return [v for model in self.task.models.values() for v in moving_statistics(model)]
+
     def _local_statistics(self) -> list:
-        return [v.numpy() for model in self.task.models.values()
-                for v in moving_statistics(model)]
+        return [v.numpy() for v in self._moving_statistics()]
 
     def _load_local_statistics(self, saved: list) -> None:
-        mine = [v for model in self.task.models.values() for v in moving_statistics(model)]
-        if len(saved) != len(mine):
-            raise UserError(f"--resume: the checkpoint holds {len(saved)} BatchNorm "
-                            f"statistics per rank, this model has {len(mine)}",
-                            "resume with the model and options the run was started with")
-        for v, array in zip(mine, saved):
+        for v, array in zip(self._moving_statistics(), saved, strict=True):
             v.assign(array)
 
     def _average_bn(self) -> None:
-        for model in self.task.models.values():
-            for v in moving_statistics(model):
-                array = np.ascontiguousarray(v.numpy())
-                self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-                v.assign(array / self.world)
+        for v in self._moving_statistics():
+            array = np.ascontiguousarray(v.numpy())
+            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+            v.assign(array / self.world)

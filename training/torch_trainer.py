@@ -18,8 +18,6 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..core.errors import UserError
-
 from .allreduce import (GradAllreducer, HorovodTransport, MpiTransport, TorchDistTransport,
                         host_array)
 from .metrics import best_gemm_gflops
@@ -125,26 +123,16 @@ class TorchTrainer(Trainer):
         return [buf.detach().cpu().clone() for buf in self._moving_statistics()]
 
     def _load_local_statistics(self, saved: list) -> None:
-        mine = self._moving_statistics()
-        if len(saved) != len(mine):
-            raise UserError(f"--resume: the checkpoint holds {len(saved)} BatchNorm "
-                            f"statistics per rank, this model has {len(mine)}",
-                            "resume with the model and options the run was started with")
-        with torch.no_grad():
-            for buf, value in zip(mine, saved):
-                buf.copy_(value)
+        for buf, value in zip(self._moving_statistics(), saved, strict=True):
+            buf.copy_(value)
 
     def _average_bn(self) -> None:
-        for module in self.task.modules.values():
-            for m in module.modules():
-                if (isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                        and m.running_mean is not None):
-                    for buf in (m.running_mean, m.running_var):
-                        array, copy_back = host_array(buf)
-                        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-                        if copy_back:
-                            buf.copy_(torch.from_numpy(array))
-                        buf.div_(self.world)
+        for buf in self._moving_statistics():
+            array, copy_back = host_array(buf)
+            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+            if copy_back:
+                buf.copy_(torch.from_numpy(array))
+            buf.div_(self.world)
 
     def _apply_lr(self, lr: float) -> None:
         for opt in self.task.optimizers.values():
@@ -152,19 +140,13 @@ class TorchTrainer(Trainer):
                 group["lr"] = lr
 
     def _task_state(self) -> dict:
-        extra = getattr(self.task, "extra_state", dict)()
+        extra = self.task.extra_state()
         return {"modules": {k: m.state_dict() for k, m in self.task.modules.items()},
                 "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
                 **({"extra": extra} if extra else {})}
 
     def _load_task_state(self, state: dict) -> None:
-        if hasattr(self.task, "load_extra_state"):
-            try:
-                self.task.load_extra_state(state.get("extra", {}))
-            except ValueError as exc:
-                raise UserError(f"--resume: {exc}",
-                                "resume with the --generator-ema the run was started with, "
-                                "or start a new --out") from None
+        self.task.load_extra_state(state.get("extra", {}))
         for key, module in self.task.modules.items():
             module.load_state_dict(state["modules"][key])
         for key, opt in self.task.optimizers.items():

@@ -120,7 +120,7 @@ class Trainer(ABC):
 
     @abstractmethod
     def _load_local_statistics(self, saved: list) -> None:
-        """Put back what :meth:`_local_statistics` gave."""
+        """Put back what :meth:`_local_statistics` gave (as many as it gives)."""
 
     @abstractmethod
     def _apply_lr(self, lr: float) -> None:
@@ -269,7 +269,12 @@ class Trainer(ABC):
         self._load_task_state(state)
         per_rank = state.get("rank_statistics")
         if per_rank is not None:
-            self._load_local_statistics(per_rank[self.rank])
+            saved, mine = per_rank[self.rank], len(self._local_statistics())
+            if len(saved) != mine:
+                raise UserError(f"--resume: {path} holds {len(saved)} BatchNorm statistics "
+                                f"per rank, this model has {mine}",
+                                "resume with the model and options the run was started with")
+            self._load_local_statistics(saved)
         elif self.world > 1 and self.cfg.bn == "local" and self.rank == 0:
             print(f"hpcai-train: --resume: {path} holds rank 0's BatchNorm statistics only "
                   "(written before per-rank ones were kept): every rank continues with them",
@@ -297,9 +302,11 @@ class Trainer(ABC):
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> int:
         cfg, comm = self.cfg, self.comm
-        own_statistics = cfg.resume and self._resume()
-        if not cfg.resume:
+        if cfg.resume:
+            own_statistics = self._resume()
+        else:
             self._broadcast()
+            own_statistics = False
         self._verify(exact=True, what="initial weights", buffers=not own_statistics)
         flops = self.task.flops_per_sample()
         peak = self._peak()

@@ -68,15 +68,11 @@ class PhysicsValidator:
         discriminator's first look at the real showers, the same for every generator)."""
         x, e = self._real_events()
         e_gev = e.astype(np.float64) * ENERGY_SCALE_GEV
-        mine = []
-        for which in task.generators:
-            if len(e):
-                generated, aux_real, aux_gen = task.physics_pass(x, e, self.z, generator=which)
-            else:
-                generated, aux_real, aux_gen = x, np.zeros(0), np.zeros(0)
-            if not mine:
-                mine.append(physics.summarise(x, e_gev, aux_real))
-            mine.append(physics.summarise(generated, e_gev, aux_gen))
+        passes = [task.physics_pass(x, e, self.z, generator=which, real=k == 0) if len(e)
+                  else (x, np.zeros(0), np.zeros(0))
+                  for k, which in enumerate(task.generators)]   # D on x once, in the first
+        mine = [physics.summarise(x, e_gev, passes[0][1]),
+                *(physics.summarise(generated, e_gev, aux) for generated, _, aux in passes)]
         gathered = self.comm.gather(mine, root=0)
         if self.rank != 0:
             return None
