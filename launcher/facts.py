@@ -70,7 +70,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     container. ``stage=False`` (``--dry-run``): the host libraries are found but not copied."""
     env = dict(os.environ if env is None else env)
     info = rankenv.from_environ(env, os.getppid())
-    topo = _topology(options, env)
+    topo = _topology(options, env, in_rank=info is not None, hostname=socket.gethostname())
     site = SiteProfile.load(options.site) if options.site else SiteProfile.from_env(env)
     command_path = None
     if options.command:
@@ -118,10 +118,14 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
                  else pmi.PmiClient())
 
 
-def _topology(options: Options, env: dict[str, str]) -> Topology:
-    """``--topology``, else ``HPCAI_TOPOLOGY``, else this machine (an error names the
-    variable when the text came from it)."""
-    if options.topology or not env.get("HPCAI_TOPOLOGY"):
+def _topology(options: Options, env: dict[str, str], in_rank: bool, hostname: str
+              ) -> Topology:
+    """``--topology``, else ``HPCAI_TOPOLOGY``, else this machine within the CPUs the job
+    may use (``topology.allowed_cpus``; an error names the variable when the text came
+    from it)."""
+    if not options.topology and not env.get("HPCAI_TOPOLOGY"):
+        return topology.load(None, topology.allowed_cpus(in_rank, env, hostname))
+    if options.topology:
         return topology.load(options.topology)
     try:
         return topology.load(env["HPCAI_TOPOLOGY"])

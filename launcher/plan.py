@@ -27,7 +27,7 @@ from .hosts import parse_hosts
 from .options import Options
 from .placement import Placement, plan_placement, thread_env
 from .rankenv import RankInfo
-from .topology import Topology
+from .topology import Topology, allowed_env
 
 if TYPE_CHECKING:
     from .containerplan import ContainerFacts
@@ -255,6 +255,7 @@ def _global_env(options: Options, facts: Facts, master_addr: str,
     env.update(lib_env)
     if facts.mpi:
         env.update(facts.mpi.flavour.binding_env(placement))
+    env.update(allowed_env(facts.topology, facts.hostname))   # the ranks plan within it too
     return env, links, notes
 
 

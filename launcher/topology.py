@@ -1,7 +1,9 @@
 """Node topology: sockets, NUMA domains, cores and hardware threads.
 
 Three sources, one value type:
-- :func:`from_sysfs` reads the running machine (``/sys/devices/system``);
+- :func:`from_sysfs` reads the running machine (``/sys/devices/system``), optionally only the
+  CPUs this process may use (:func:`allowed_cpus`: its affinity, or inside a rank its
+  cgroup's cpuset);
 - :func:`from_hwloc_xml` reads ``lstopo --of xml`` output (real or synthetic);
 - :func:`synthetic` builds a regular node from a description such as
   ``"pack:2 numa:2 core:12 pu:2"`` (hwloc's synthetic syntax), for tests and planning.
@@ -15,6 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UserError
+
+
+@dataclass(frozen=True)
+class AllowedCpus:
+    """The CPUs a launch may plan on, and where that set came from."""
+
+    cpus: frozenset[int]
+    source: str
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,8 @@ class Topology:
 
     cores: tuple[Core, ...]
     source: str
+    within: AllowedCpus | None = None   # the CPU set a machine was read within, where it
+                                        # left some online CPUs out
 
     def __post_init__(self) -> None:
         if not self.cores:
@@ -60,7 +72,12 @@ class Topology:
     def describe(self) -> str:
         return (f"{len(self.sockets)} socket(s) x {len(self.numa_domains)} NUMA domain(s) x "
                 f"{len(self.cores)} cores x {self.threads_per_core} hw thread(s)/core "
-                f"[{self.source}]")
+                f"[{self.source}{self._within()}]")
+
+    def _within(self) -> str:
+        if self.within is None:
+            return ""
+        return f", cpus {format_cpulist(self.within.cpus)} ({self.within.source})"
 
     def to_dict(self) -> dict:
         return {
@@ -104,14 +121,25 @@ def format_cpulist(cpus: tuple[int, ...] | list[int] | set[int]) -> str:
     return ",".join(runs)
 
 
-def from_sysfs(root: str | Path = "/sys/devices/system") -> Topology:
-    """Read the topology of the running machine from sysfs."""
+def from_sysfs(root: str | Path = "/sys/devices/system",
+               allowed: AllowedCpus | None = None) -> Topology:
+    """Read the topology of the running machine from sysfs; with ``allowed``, only its CPUs
+    (a core with none of its hardware threads allowed is left out)."""
     root = Path(root)
     try:
         online = parse_cpulist((root / "cpu" / "online").read_text())
     except OSError as exc:
         raise UserError(f"cannot read CPU topology from {root}: {exc}",
                         "pass --topology FILE.xml (lstopo-no-graphics --of xml)") from exc
+    within = None
+    if allowed is not None and not set(online) <= allowed.cpus:
+        kept = tuple(c for c in online if c in allowed.cpus)
+        if not kept:
+            raise UserError(f"none of the CPUs of {allowed.source} "
+                            f"({format_cpulist(allowed.cpus)}) is online "
+                            f"({format_cpulist(online)})",
+                            "check the job's CPU allocation (taskset, numactl, Slurm)")
+        within, online = AllowedCpus(frozenset(kept), allowed.source), kept
     numa_of: dict[int, int] = {}
     node_dir = root / "node"
     if node_dir.is_dir():
@@ -126,7 +154,68 @@ def from_sysfs(root: str | Path = "/sys/devices/system") -> Topology:
         groups.setdefault((package, core_id), []).append(cpu)
     cores = [Core(socket=max(pkg, 0), numa=numa_of.get(min(pus), 0), pus=tuple(sorted(pus)))
              for (pkg, _), pus in groups.items()]
-    return Topology(_sorted_cores(cores), source="sysfs")
+    return Topology(_sorted_cores(cores), source="sysfs", within=within)
+
+
+ALLOWED_ENV = "HPCAI_ALLOWED_CPUS"   # "HOST:CPULIST": the set the launch planned within
+
+
+def allowed_cpus(in_rank: bool, env: dict[str, str] | None = None, hostname: str = "",
+                 cgroup_root: str | Path = "/sys/fs/cgroup",
+                 self_cgroup: str | Path = "/proc/self/cgroup") -> AllowedCpus | None:
+    """The CPUs of this node that the job may use; None where nothing restricts them.
+
+    Before any rank starts (``in_rank`` False) it is this process's affinity: ``taskset``,
+    ``numactl`` or a Slurm cgroup narrow it. A rank's own affinity may already be its slot
+    (srun ``--cpu-bind``, mpirun's binding), so a rank plans within its cgroup's cpuset
+    (cgroup v2 ``cpuset.cpus.effective``, v1 ``cpuset.effective_cpus``: what Slurm's
+    task/cgroup gave the step on this node) and, on the launching host, within the set
+    the launch planned in (``HPCAI_ALLOWED_CPUS``, which :func:`allowed_env` writes)."""
+    if not in_rank:
+        return AllowedCpus(frozenset(os.sched_getaffinity(0)), "this process's CPU affinity")
+    sets = []
+    found = _cgroup_cpuset(Path(cgroup_root), Path(self_cgroup))
+    if found is not None:
+        sets.append(AllowedCpus(found[0], f"cgroup cpuset {found[1]}"))
+    host, _, cpus = (env or {}).get(ALLOWED_ENV, "").rpartition(":")
+    if host == hostname and cpus:
+        sets.append(AllowedCpus(frozenset(parse_cpulist(cpus)),
+                                f"the launch's CPU set on {host}, {ALLOWED_ENV}"))
+    if not sets:
+        return None
+    return AllowedCpus(frozenset.intersection(*(a.cpus for a in sets)),
+                       " and ".join(a.source for a in sets))
+
+
+def allowed_env(topology: Topology, hostname: str) -> dict[str, str]:
+    """What the ranks need to plan within the CPU set this launch planned within: nothing
+    when the whole machine was planned."""
+    if topology.within is None:
+        return {}
+    return {ALLOWED_ENV: f"{hostname}:{format_cpulist(topology.within.cpus)}"}
+
+
+def _cgroup_cpuset(root: Path, self_cgroup: Path) -> tuple[frozenset[int], str] | None:
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":                         # v2: one unified hierarchy
+            candidate = root / relative / "cpuset.cpus.effective"
+        elif "cpuset" in controllers.split(","):      # v1: the cpuset controller's tree
+            candidate = root / "cpuset" / relative / "cpuset.effective_cpus"
+        else:
+            continue
+        try:
+            text = candidate.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return frozenset(parse_cpulist(text)), str(candidate)
+    return None
 
 
 def _read_int(path: Path, default: int) -> int:
@@ -196,10 +285,11 @@ def synthetic(description: str) -> Topology:
     return Topology(tuple(cores), source=f"synthetic:{description}")
 
 
-def load(spec: str | None) -> Topology:
-    """Resolve ``--topology``: None (this machine), an XML path, or synthetic text."""
+def load(spec: str | None, allowed: AllowedCpus | None = None) -> Topology:
+    """Resolve ``--topology``: None (this machine, within ``allowed``), an XML path, or
+    synthetic text."""
     if not spec:
-        return from_sysfs()
+        return from_sysfs(allowed=allowed)
     if spec.startswith("synthetic:"):
         return synthetic(spec.split(":", 1)[1])
     if ":" in spec and not os.path.exists(spec):

@@ -77,10 +77,9 @@ def _parser() -> Parser:
 
 def physical_cores() -> int:
     """Cores (not hardware threads) this process may use."""
-    from ..launcher.topology import from_sysfs
+    from ..launcher.topology import allowed_cpus, from_sysfs
 
-    allowed = os.sched_getaffinity(0)
-    return sum(1 for c in from_sysfs().cores if c.pus[0] in allowed) or len(allowed)
+    return len(from_sysfs(allowed=allowed_cpus(in_rank=False)).cores)
 
 
 def memory_available() -> int:

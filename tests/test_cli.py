@@ -60,6 +60,22 @@ def test_more_ranks_times_threads_than_cores(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_more_ranks_than_the_cpus_a_taskset_allows(tmp_path):
+    """Two ranks under ``taskset -c C`` need two cores where one is allowed: refused before
+    any rank starts. The control is the same launch on the whole node, which runs."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip(f"needs 2 CPUs to restrict a launch to one, this process has {allowed}")
+    marker = tmp_path / "x"
+    result = run(["taskset", "-c", str(allowed[-1]), "hpcai-launch", "--ranks-per-node", "2",
+                  "--", "touch", str(marker)], base_env())
+    assert_user_error(result, "the node has 1", "this process's CPU affinity")
+    assert not marker.exists()
+    result = launch("--ranks-per-node", "2", "--", "touch", str(marker))
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+
+
 def test_oversubscribe_lets_it_run(tmp_path):
     result = launch("--ranks-per-node", "2", "--threads-per-rank", "2", "--oversubscribe",
                     "--", "python", "-m", "hpcai.launcher.probe", "--quiet", "--out",

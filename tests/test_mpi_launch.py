@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import base_env, run
@@ -23,6 +25,27 @@ def test_hpcai_starts_the_mpi_itself(mpi, tmp_path):
     assert {r["affinity_list"] for r in records} == {"0", "1"}
     assert {r["env"]["OMP_NUM_THREADS"] for r in records} == {"1"}
     assert result.stderr.count("hpcai: rank") == 2 and "MISMATCH" not in result.stderr
+
+
+def test_a_launch_plans_within_its_cpu_affinity(mpi, tmp_path):
+    """``taskset -c C hpcai-launch``: the rank is placed on cpu C with one thread. The
+    control is the same launch without taskset, which places the rank on the whole node."""
+    from hpcai.launcher.topology import format_cpulist, from_sysfs
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip(f"needs 2 CPUs to restrict a launch to one, this process has {allowed}")
+    last = str(allowed[-1])
+    whole = (format_cpulist(allowed), str(len(from_sysfs().cores)))
+    for prefix, expected in ((["taskset", "-c", last], (last, "1")), ([], whole)):
+        out = tmp_path / (prefix[-1] if prefix else "whole")
+        result = run([*prefix, "hpcai-launch", "--mpi", mpi.name, "--mpirun", mpi.launcher,
+                      "--ranks-per-node", "1", "--report-bindings", "--", *PROBE, str(out)],
+                     base_env(**mpi.env))
+        assert result.returncode == 0, result.stderr
+        [record] = load_ranks(out)
+        assert (record["affinity_list"], record["env"]["OMP_NUM_THREADS"]) == expected, \
+            (prefix, result.stderr)
+        assert "MISMATCH" not in result.stderr
 
 
 def test_rank_wrapper_under_plain_mpirun(mpi, tmp_path):

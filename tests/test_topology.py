@@ -25,7 +25,7 @@ def test_this_machine_from_sysfs_matches_os_view():
     assert len(pus) == os.cpu_count()
 
 
-def test_fake_sysfs_tree_two_numa_with_smt(tmp_path):
+def _fake_sysfs(tmp_path):
     """A fake sysfs: 2 NUMA nodes x 2 cores x 2 threads, Linux sibling numbering."""
     root = tmp_path / "system"
     (root / "cpu").mkdir(parents=True)
@@ -39,7 +39,11 @@ def test_fake_sysfs_tree_two_numa_with_smt(tmp_path):
     for node, cpus in ((0, "0-1,4-5"), (1, "2-3,6-7")):
         (root / "node" / f"node{node}").mkdir(parents=True)
         (root / "node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
-    topo = topology.from_sysfs(root)
+    return root
+
+
+def test_fake_sysfs_tree_two_numa_with_smt(tmp_path):
+    topo = topology.from_sysfs(_fake_sysfs(tmp_path))
     assert topo.numa_domains == (0, 1)
     assert topo.sockets == (0, 1)
     assert topo.threads_per_core == 2
@@ -86,3 +90,51 @@ def test_bad_topology_inputs_are_user_errors(tmp_path):
     bad.write_text("<topology><object")
     with pytest.raises(UserError, match="hwloc XML"):
         topology.from_hwloc_xml(bad)
+
+
+def test_a_machine_read_within_allowed_cpus_keeps_only_their_cores(tmp_path):
+    root = _fake_sysfs(tmp_path)
+    allowed = topology.AllowedCpus(frozenset({2, 3, 7}), "a test's set")
+    topo = topology.from_sysfs(root, allowed)
+    assert [c.pus for c in topo.cores] == [(2,), (3, 7)]
+    assert topo.numa_domains == (1,)
+    assert "cpus 2-3,7 (a test's set)" in topo.describe()
+    whole = topology.from_sysfs(root, topology.AllowedCpus(frozenset(range(8)), "all"))
+    assert whole.within is None and len(whole.cores) == 4      # the control: nothing left out
+    with pytest.raises(UserError, match="none of the CPUs of a test's set"):
+        topology.from_sysfs(root, topology.AllowedCpus(frozenset({9}), "a test's set"))
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_rank_plans_within_its_cgroup_cpuset_and_the_launch_set(tmp_path, version):
+    """A rank's own affinity may be its slot already, so it plans within its cgroup's
+    cpuset and, on the launching host, the set the launch planned in."""
+    cgroups, me = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    if version == "v1":
+        me.write_text("4:memory:/x\n3:cpuset:/slurm/uid_0/job_7/step_0\n")
+        folder = cgroups / "cpuset" / "slurm/uid_0/job_7/step_0"
+        name = "cpuset.effective_cpus"
+    else:
+        me.write_text("0::/system.slice/slurmstepd.scope/job_7/step_0\n")
+        folder = cgroups / "system.slice/slurmstepd.scope/job_7/step_0"
+        name = "cpuset.cpus.effective"
+    folder.mkdir(parents=True)
+    (folder / name).write_text("4-11\n")
+
+    def allowed(env):
+        return topology.allowed_cpus(True, env, "n1", cgroups, me)
+
+    found = allowed({})
+    assert found.cpus == frozenset(range(4, 12)) and str(folder / name) in found.source
+    launch = {topology.ALLOWED_ENV: "n1:0-5"}
+    assert allowed(launch).cpus == frozenset({4, 5})
+    other_host = {topology.ALLOWED_ENV: "n2:0-5"}   # another node's set: ignored
+    assert allowed(other_host).cpus == frozenset(range(4, 12))
+    assert topology.allowed_cpus(True, {}, "n1", cgroups, tmp_path / "absent") is None
+    assert topology.allowed_cpus(True, launch, "n1", cgroups,
+                                 tmp_path / "absent").cpus == frozenset(range(6))
+
+
+def test_a_launch_plans_within_this_process_affinity():
+    found = topology.allowed_cpus(False, {topology.ALLOWED_ENV: "elsewhere:0"}, "n1")
+    assert found.cpus == frozenset(os.sched_getaffinity(0))
