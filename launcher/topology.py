@@ -201,7 +201,10 @@ def _cgroup_cpuset(root: Path, self_cgroup: Path) -> tuple[frozenset[int], str] 
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
         relative = path.lstrip("/")
         if controllers == "":                         # v2: one unified hierarchy
             candidate = root / relative / "cpuset.cpus.effective"

@@ -111,7 +111,7 @@ def test_a_rank_plans_within_its_cgroup_cpuset_and_the_launch_set(tmp_path, vers
     cpuset and, on the launching host, the set the launch planned in."""
     cgroups, me = tmp_path / "cgroup", tmp_path / "self-cgroup"
     if version == "v1":
-        me.write_text("4:memory:/x\n3:cpuset:/slurm/uid_0/job_7/step_0\n")
+        me.write_text("not a cgroup line\n4:memory:/x\n3:cpuset:/slurm/uid_0/job_7/step_0\n")
         folder = cgroups / "cpuset" / "slurm/uid_0/job_7/step_0"
         name = "cpuset.effective_cpus"
     else:
