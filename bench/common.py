@@ -72,7 +72,8 @@ def run_alternating(sides: dict[str, Callable[[], float]], trials: int,
 
 @dataclass(frozen=True)
 class RatioStats:
-    """Per-trial ratios A_i / B_i (the i-th trial of each side, paired in run order):
+    """Per-trial ratios A_i / B_i (the i-th trial of each side, paired in run order), or other
+    paired values (:meth:`of_values`, e.g. differences):
     their median, min/max, and a distribution-free interval for the median (order
     statistics; ``interval`` is None when ``n`` is too small for 95 %)."""
 
@@ -85,13 +86,18 @@ class RatioStats:
 
     @classmethod
     def of(cls, a: Sequence[float], b: Sequence[float]) -> "RatioStats":
-        ratios = sorted(x / y for x, y in zip(a, b))
-        n = len(ratios)
+        return cls.of_values([x / y for x, y in zip(a, b)])
+
+    @classmethod
+    def of_values(cls, values: Sequence[float]) -> "RatioStats":
+        """The same statistics of per-trial values already paired (e.g. differences)."""
+        ordered = sorted(values)
+        n = len(ordered)
         if n == 0:
             raise ValueError("no trials")
         k, coverage = _median_interval_rank(n)
-        interval = (ratios[k - 1], ratios[n - k]) if k else None
-        return cls(n=n, median=statistics.median(ratios), low=ratios[0], high=ratios[-1],
+        interval = (ordered[k - 1], ordered[n - k]) if k else None
+        return cls(n=n, median=statistics.median(ordered), low=ordered[0], high=ordered[-1],
                    interval=interval, coverage=coverage)
 
 
@@ -128,7 +134,7 @@ class Row:
     key: str
     label: str
     op: str
-    target: float
+    target: float | None    # None: a reported ratio with no target (verdict "report")
     stats: RatioStats | None
     verdict: str
     note: str = ""
@@ -144,6 +150,19 @@ class Row:
             why = f"the baseline was <= 0 in {bad} of {len(b)} trials"
             return cls(key, label, op, target, stats, "invalid",
                        f"{note}; {why}" if note else why)
+        return cls(key, label, op, target, stats, verdict(stats, op, target), note)
+
+    @classmethod
+    def report(cls, key: str, label: str, a: Sequence[float], b: Sequence[float],
+               note: str = "") -> "Row":
+        """The row of ratios a_i / b_i that no target judges."""
+        return cls(key, label, "", None, RatioStats.of(a, b), "report", note)
+
+    @classmethod
+    def measured_difference(cls, key: str, label: str, op: str, target: float,
+                            a: Sequence[float], b: Sequence[float], note: str = "") -> "Row":
+        """The row of differences a_i - b_i (an absolute target, e.g. seconds added)."""
+        stats = RatioStats.of_values([x - y for x, y in zip(a, b)])
         return cls(key, label, op, target, stats, verdict(stats, op, target), note)
 
     @classmethod
@@ -217,6 +236,7 @@ def print_rows(rows: Sequence[Row]) -> None:
         s = r.stats
         iv = (f"[{s.interval[0]:.3f}, {s.interval[1]:.3f}] ({s.coverage:.1%})"
               if s.interval else f"none (n={s.n}: [min,max] covers {s.coverage:.1%})")
+        target = f"target {r.op} {r.target}" if r.target is not None else "no target"
         print(f"{r.label}: median {s.median:.3f} (min {s.low:.3f}, max {s.high:.3f}), "
-              f"interval {iv}, target {r.op} {r.target}: {r.verdict}"
+              f"interval {iv}, {target}: {r.verdict}"
               + (f"; {r.note}" if r.note else ""), flush=True)

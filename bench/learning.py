@@ -4,7 +4,8 @@ budget, judged on held-out events (issue 17).
 Each seed runs ``hpcai-launch -N RANKS -- train 3dgan --generate EVENTS --seed S`` for
 ``--epochs`` x ``--max-steps`` steps (the budget is in steps, so every seed does the same
 work) with the physics validation after every epoch on ``--validate-events`` held-out events
-(files of their own seed, never trained on), and reads ``physics.json``. It prints, per seed,
+(files of their own seed, never trained on), ``--validate-draws`` generated showers each, and
+reads ``physics.json``. It prints, per seed,
 the held-out metrics at the first, the middle and the last validation, with the median and
 the spread (max - min) over seeds, and writes them with provenance into ``--json``.
 
@@ -17,7 +18,8 @@ It passes when, for every seed,
   relative profile distance is 1, so a generator that dies from a start at 2 "halves" it).
 
     python bench/learning.py [--seeds 1,2,3] [--epochs 6] [--max-steps 16] [--events 1024]
-                             [--batch-size 4] [--validate-events 128] [--json PATH]
+                             [--batch-size 4] [--validate-events 128]
+                             [--validate-draws 1] [--json PATH]
                              [--train-arg=--optimizer --train-arg=rmsprop ...]
                              [--launch-arg=ARG ...] [--jobs N] [--workdir DIR]
 
@@ -77,6 +79,7 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             str(args.events), "--seed", str(seed), "--epochs", str(args.epochs),
             "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
             "--validate-every", "1", "--validate-events", str(args.validate_events),
+            "--validate-draws", str(args.validate_draws),
             "--eval-samples", "0", "--out", str(out), *args.train_args]
     print("$ " + " ".join(argv), flush=True)
     start = time.monotonic()
@@ -161,11 +164,13 @@ def bin_label(b: dict) -> str:
 
 def end_bin(b: dict) -> dict:
     """One energy bin of the last validation, real against generated: the mean sampling
-    fraction, its event-to-event spread (standard deviation / mean) and the hit count."""
+    fraction, its event-to-event spread (standard deviation / mean) and the hit count, and
+    the standard error of generated/real - 1 (None in files older than it)."""
     def spread(side: dict) -> float | None:
         mean, std = side["sampling_fraction"], side["sampling_fraction_std"]
         return round(std / mean, 4) if mean and std is not None else None
     return {"bin_gev": bin_label(b), "events": b["events"],
+            "sampling_fraction_rel_se": b.get("sampling_fraction_rel_se"),
             **{f"{key}_{name}": value for name in ("real", "gen") for key, value in (
                 ("sampling_fraction", b[name]["sampling_fraction"]),
                 ("sampling_fraction_spread", spread(b[name])),
@@ -309,7 +314,8 @@ def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
                    "epochs_option": args.epochs, "steps_per_epoch": steps,
                    "max_steps_option": args.max_steps, "deadline_s": args.deadline,
                    "batch_per_rank": args.batch_size, "training_events": args.events,
-                   "validate_events": args.validate_events, "train_args": args.train_args,
+                   "validate_events": args.validate_events,
+                   "validate_draws": args.validate_draws, "train_args": args.train_args,
                    "stop_dead": args.stop_dead, "launch_args": args.launch_args,
                    "jobs": args.jobs},
         "wall_time_s": round(time.monotonic() - start, 1), "seeds": seeds,
@@ -341,6 +347,8 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--validate-events", type=int, default=128)
+    parser.add_argument("--validate-draws", type=int, default=1,
+                        help="generated showers per held-out event (train --validate-draws)")
     parser.add_argument("--timeout", type=float, default=3600, help="per seed (s)")
     parser.add_argument("--train-arg", dest="train_args", action="append", default=[],
                         metavar="ARG", help="passed on to train 3dgan, e.g. "

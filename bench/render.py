@@ -165,8 +165,8 @@ def render_table(data: dict, name: str) -> str:
         if verdict == "missed":
             gap = s["median"] / row["target"] - 1
             verdict += f" (median {abs(gap):.0%} {'below' if gap < 0 else 'above'} the target)"
-        lines.append(f"| {row['label']} | " + " | ".join(cells)
-                     + f" | {row['op']} {row['target']:g} | {verdict} |")
+        target = "—" if row["target"] is None else f"{row['op']} {row['target']:g}"
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {target} | {verdict} |")
         if row["note"]:
             notes.append(f"- {row['label']}: {row['note']}")
     return _render_tail(lines, notes, data, name)

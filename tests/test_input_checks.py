@@ -165,6 +165,7 @@ def test_options_of_the_other_launcher(box):
     (["--samples", "64"], "--samples is for the ResNet models"),
     (["--data", "/d"], "--data and --generate together"),
     (["--test-files", "-1"], "--test-files must not be negative"),
+    (["--validate-draws", "0"], "--validate-draws must be at least 1, got 0"),
     (["--framework", "tensorflow", "--bn-axis", "depth"],
      "--bn-axis depth is implemented for PyTorch only"),
     (["--framework", "tensorflow", "--cell-scale", "100"],
@@ -208,6 +209,8 @@ def test_resnet_refuses_the_3dgan_data_options(box):
                     str(box.out)), box, "--loss-weights is for 3dgan")
     refused(box.run("hpcai-train", "resnet-tiny", "--generator-ema", "0.99", "--out",
                     str(box.out)), box, "--generator-ema is for 3dgan")
+    refused(box.run("hpcai-train", "resnet-tiny", "--validate-draws", "2", "--out",
+                    str(box.out)), box, "--validate-draws is for 3dgan")
 
 
 # --- hpcai-launch -- train: checked once, before any rank starts -------------------------

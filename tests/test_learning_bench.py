@@ -89,10 +89,16 @@ def test_end_bin_spread_is_std_over_mean_per_side():
                                     "sampling_fraction_std": std, "hits": hits}
     got = learning.end_bin({"e_lo_gev": 10.0, "e_hi_gev": 100.0, "events": 18,
                             "real": side(0.02, 0.0005, 400.0), "gen": side(0.04, 0.0, 900.0)})
-    assert got == {"bin_gev": "10-100", "events": 18, "sampling_fraction_real": 0.02,
+    assert got == {"bin_gev": "10-100", "events": 18, "sampling_fraction_rel_se": None,
+                   "sampling_fraction_real": 0.02,
                    "sampling_fraction_spread_real": 0.025, "hits_real": 400.0,
                    "sampling_fraction_gen": 0.04, "sampling_fraction_spread_gen": 0.0,
                    "hits_gen": 900.0}
+    with_se = learning.end_bin({"e_lo_gev": 10.0, "e_hi_gev": 100.0, "events": 18,
+                                "sampling_fraction_rel_se": 0.06,
+                                "real": side(0.02, 0.0005, 400.0),
+                                "gen": side(0.04, 0.0, 900.0)})
+    assert with_se["sampling_fraction_rel_se"] == 0.06
     empty = learning.end_bin({"e_lo_gev": 10.0, "e_hi_gev": 100.0, "events": 18,
                               "real": side(0.02, 0.0005, 400.0), "gen": side(0.0, 0.0, 0.0)})
     assert empty["sampling_fraction_spread_gen"] is None   # no mean to divide by

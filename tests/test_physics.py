@@ -114,6 +114,43 @@ def test_generated_showers_must_share_the_real_energies():
         physics.compare(physics.summarise(x, ENERGIES), physics.summarise(x, ENERGIES + 1), 0)
 
 
+def _summaries(energy: np.ndarray, fraction: np.ndarray) -> physics.EventSummaries:
+    """Events whose only energy is ``fraction`` x E, in one cell of each profile."""
+    profiles = np.zeros((len(energy), 3, 25))
+    profiles[:, :, 12] = (fraction * energy)[:, None]
+    return physics.EventSummaries(energy, profiles, np.ones(len(energy)),
+                                  np.full(len(energy), np.nan))
+
+
+def test_draws_repeat_the_real_energies_and_the_standard_error_is_the_spread_of_the_diff():
+    """K generated showers per real event: a bin keeps its real event count, and the standard
+    error of gen/real - 1 matches the spread of that difference over many repeated samples
+    (Monte Carlo: 400 samples of 30 real events and 2 x 30 generated, 30 % event-to-event
+    spread on the generated side, 1.5 % on the real)."""
+    rng = np.random.default_rng(5)
+    diffs, errors = [], []
+    for _ in range(400):
+        energy = rng.uniform(110.0, 190.0, 30)           # all in the 100-200 GeV bin
+        real = _summaries(energy, 0.02 * (1 + 0.015 * rng.standard_normal(30)))
+        gen = _summaries(np.tile(energy, 2), 0.02 * (1 + 0.3 * rng.standard_normal(60)))
+        v = physics.compare(real, gen, 0)
+        assert v.draws == 2
+        b = v.bins[1]
+        assert (b.events, v.events) == (30, 30)
+        diffs.append(b.sampling_fraction_rel_diff)
+        errors.append(b.sampling_fraction_rel_se)
+    assert np.mean(errors) == pytest.approx(np.std(diffs), rel=0.15)
+    assert np.mean(errors) == pytest.approx(0.3 / np.sqrt(60), rel=0.1)
+    # the control: one draw has a standard error sqrt(2) larger
+    one = physics.compare(real, _summaries(energy, gen.profiles[:30, 0, 12] / energy), 0)
+    assert one.draws == 1 and one.bins[1].sampling_fraction_rel_se > b.sampling_fraction_rel_se
+    with pytest.raises(ValueError, match="energies"):      # draws made at other energies
+        physics.compare(real, _summaries(np.concatenate([energy, energy + 1]),
+                                         np.full(60, 0.02)), 0)
+    with pytest.raises(ValueError, match="energies"):      # not a whole number of draws
+        physics.compare(real, _summaries(energy[:29], np.full(29, 0.02)), 0)
+
+
 def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
     from hpcai.slurm import report
     from hpcai.training import validation
@@ -174,3 +211,31 @@ def test_empty_generated_showers_are_counted():
     empty = physics.summarise(np.zeros_like(x), ENERGIES)
     assert physics.compare(real, empty, epoch=0).summary()["gen_empty_fraction"] == 1.0
     assert physics.compare(real, real, epoch=0).summary()["gen_empty_fraction"] == 0.0
+
+
+@pytest.mark.mpi
+def test_a_run_with_two_draws_judges_twice_the_generated_showers_of_the_same_events(
+        tmp_path):
+    """``--validate-draws 2`` with the weight average on: every generator is judged on two
+    showers per held-out event, the real side is the one-draw run's. The control is the
+    one-draw run of the same seed: same real side, other generated numbers."""
+    from jobs import train
+
+    args = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+            "--validate-every", "1", "--validate-events", "8", "--eval-samples", "0",
+            "--peak-gflops", "50", "--cell-scale", "100", "--epochs", "1",
+            "--generator-ema", "0.5"]
+    last = {}
+    for draws in (1, 2):
+        out = tmp_path / f"draws{draws}"
+        result = train(2, *args, "--validate-draws", str(draws), "--out", str(out))
+        assert result.returncode == 0, result.stderr[-2000:]
+        last[draws] = json.loads((out / "physics.json").read_text())["validations"][-1]
+    one, two = last[1], last[2]
+    assert (one["draws"], two["draws"], two["others"][0]["draws"]) == (1, 2, 2)
+    assert two["events"] == one["events"] == 8
+    assert [b["events"] for b in two["bins"]] == [b["events"] for b in one["bins"]]
+    assert [b["real"] for b in two["bins"]] == [b["real"] for b in one["bins"]]
+    assert [b["gen"] for b in two["bins"]] != [b["gen"] for b in one["bins"]]
+    assert all(b["sampling_fraction_rel_se"] is None or b["sampling_fraction_rel_se"] > 0
+               for b in two["bins"])

@@ -76,6 +76,7 @@ class TrainConfig:
     test_files: int | None = None     # 3dgan held-out files; None: 10 % (>= 1 of >= 2 files)
     validate_every: int = VALIDATE_EVERY     # epochs between physics validations (0: last only)
     validate_events: int = VALIDATE_EVENTS   # held-out events per validation (0: none)
+    validate_draws: int = 1           # generated showers per held-out event and validation
     bn_axis: str = "channels"         # 3dgan BatchNorm over "channels" or "depth" ([CERN])
     d_bn_in_g_steps: str = "freeze"   # 3dgan D's BatchNorm statistics in the G steps
     cell_scale: float = 1.0           # 3dgan cells seen by the networks: GeV x cell_scale
@@ -170,6 +171,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate-events", type=int, default=None, metavar="N",
                    help="3dgan: held-out events per validation, shared by the ranks "
                         "(default 256; 0: no physics validation)")
+    p.add_argument("--validate-draws", type=int, default=None, metavar="K",
+                   help="3dgan: generated showers per held-out event in each validation, each "
+                        "from its own fixed latent vector (default 1); more draws shrink the "
+                        "standard error of the generated side")
     p.add_argument("--bn-axis", choices=("channels", "depth"), default="channels",
                    help="3dgan BatchNorm: per channel (default) or per calorimeter layer as "
                         "CERN's channels-first run did (872,736 / 73,646 parameters; "
@@ -234,7 +239,9 @@ def parse(argv: list[str]) -> TrainConfig:
         test_files=ns.test_files,
         validate_every=VALIDATE_EVERY if ns.validate_every is None else ns.validate_every,
         validate_events=(VALIDATE_EVENTS if ns.validate_events is None
-                         else ns.validate_events), bn_axis=ns.bn_axis,
+                         else ns.validate_events),
+        validate_draws=1 if ns.validate_draws is None else ns.validate_draws,
+        bn_axis=ns.bn_axis,
         d_bn_in_g_steps=ns.d_bn_in_g_steps,
         cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device,
         loss_weights=LOSS_WEIGHTS if ns.loss_weights is None else ns.loss_weights,
@@ -259,6 +266,7 @@ def check_options(ns: argparse.Namespace) -> None:
                     ("--test-files", ns.test_files is not None),
                     ("--validate-every", ns.validate_every is not None),
                     ("--validate-events", ns.validate_events is not None),
+                    ("--validate-draws", ns.validate_draws is not None),
                     ("--bn-axis", ns.bn_axis != "channels"),
                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"),
                     ("--cell-scale", ns.cell_scale is not None),
@@ -295,6 +303,7 @@ def check_numbers(cfg: TrainConfig) -> None:
     """Counts that must be positive and values that must not be negative. A 0 is never
     read as "the default": ``--batch-size 0`` is an error, not the model's 16."""
     positive = (("--epochs", cfg.epochs), ("--batch-size", cfg.batch_size),
+                ("--validate-draws", cfg.validate_draws),
                 ("--samples", cfg.samples),
                 ("--image-size", cfg.image_size), ("--classes", cfg.classes))
     for name, value in positive:

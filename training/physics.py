@@ -13,13 +13,18 @@ Definitions (docs/3dgan.md, "Physics validation"):
   transverse axes, z: depth); per bin the mean over events; the distance between the real
   and the generated mean profile is the relative L1 ``sum|g - r| / sum r`` (0: identical; a
   profile scaled by 1 + s has distance |s|);
-- sampling fraction: ``sum of cells / E`` (both in GeV), per event, mean per bin;
+- sampling fraction: ``sum of cells / E`` (both in GeV), per event, mean per bin; the
+  standard error of gen/real - 1 from both sides' event-to-event spreads (first order:
+  ``(g/r) sqrt(sd_g^2/(n_g g^2) + sd_r^2/(n_r r^2))``);
 - first moment along a: the energy-weighted mean slice index; second moment: the
   energy-weighted standard deviation of the slice index (events with no energy are left
   out);
 - the discriminator's energy regression error: ``MAPE = 100 mean(|aux - E'| / E')``,
   ``E' = E / 100 GeV``, on real and on generated showers;
 - hits: cells above ``threshold`` (GeV) per event.
+
+With ``draws`` K > 1 the generator made K showers per real event (K latent vectors), so a
+bin's generated side holds K times its real events.
 """
 
 from __future__ import annotations
@@ -150,6 +155,7 @@ class BinResult:
     profile_distance: Triple        # relative L1 per axis x, y, z
     sampling_fraction_rel_diff: float | None   # gen / real - 1
     hits_rel_diff: float | None
+    sampling_fraction_rel_se: float | None = None   # its standard error (module doc)
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,7 @@ class Validation:
     outside_bins: int = 0   # events whose energy lies outside every bin
     gen_empty_fraction: float = 0.0   # generated showers without a cell above threshold
     generator: str = "raw"  # the trained weights, or "average" (train --generator-ema)
+    draws: int = 1          # generated showers per real event
 
     def summary(self) -> dict[str, float]:
         """Flat numbers for the epoch record: the event-weighted mean profile distance per
@@ -191,12 +198,25 @@ class Validation:
         return asdict(self)
 
 
+def _rel_se(rs: Side, gs: Side, n_real: int, n_gen: int) -> float | None:
+    """Standard error of gen/real - 1 (module doc); None without two events a side."""
+    g, r = gs.sampling_fraction, rs.sampling_fraction
+    if not g or not r or n_real < 2 or n_gen < 2 or None in (gs.sampling_fraction_std,
+                                                             rs.sampling_fraction_std):
+        return None
+    return (g / r) * float(np.sqrt((gs.sampling_fraction_std / g) ** 2 / n_gen
+                                   + (rs.sampling_fraction_std / r) ** 2 / n_real))
+
+
 def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
             edges: tuple[float, ...] = ENERGY_BINS_GEV,
             threshold: float = HIT_THRESHOLD_GEV, generator: str = "raw") -> Validation:
     """Bin by bin comparison; ``gen`` holds the generator's showers at the energies of
-    ``real``, event for event."""
-    if len(real) != len(gen) or not np.array_equal(real.energy_gev, gen.energy_gev):
+    ``real``, event for event, once or K times over (K draws: ``real``'s energies repeated
+    K times, draw after draw)."""
+    draws = len(gen) // len(real) if len(real) else 1
+    if (draws < 1 or len(gen) != draws * len(real)
+            or not np.array_equal(np.tile(real.energy_gev, draws), gen.energy_gev)):
         raise ValueError("generated showers must be made at the real events' energies")
     e = real.energy_gev
     which = np.digitize(e, edges[1:-1])   # 0 .. len(edges) - 2
@@ -204,7 +224,7 @@ def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
     bins = []
     for i in range(len(edges) - 1):
         mask = inside & (which == i)
-        r, g = real.subset(mask), gen.subset(mask)
+        r, g = real.subset(mask), gen.subset(np.tile(mask, draws))
         rs, gs = _side(r), _side(g)
         bins.append(BinResult(
             e_lo_gev=float(edges[i]), e_hi_gev=float(edges[i + 1]), events=int(mask.sum()),
@@ -214,11 +234,12 @@ def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
                                    for a in range(3)),
             sampling_fraction_rel_diff=_ratio_minus_one(gs.sampling_fraction,
                                                         rs.sampling_fraction),
-            hits_rel_diff=_ratio_minus_one(gs.hits, rs.hits)))
-    real_in, gen_in = real.subset(inside), gen.subset(inside)
+            hits_rel_diff=_ratio_minus_one(gs.hits, rs.hits),
+            sampling_fraction_rel_se=_rel_se(rs, gs, len(r), len(g))))
+    real_in, gen_in = real.subset(inside), gen.subset(np.tile(inside, draws))
     return Validation(epoch=epoch, events=int(inside.sum()), threshold_gev=threshold,
                       bins=tuple(bins), aux_mape_real=mape(real_in.aux, real_in.energy_gev),
                       aux_mape_gen=mape(gen_in.aux, gen_in.energy_gev),
                       outside_bins=int((~inside).sum()),
                       gen_empty_fraction=(float((gen_in.hits == 0).mean()) if len(gen_in)
-                                          else 0.0), generator=generator)
+                                          else 0.0), generator=generator, draws=draws)

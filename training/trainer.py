@@ -67,7 +67,8 @@ class Trainer(ABC):
         self.watch = Watchdog(comm, cfg.stall_timeout)
         self.threads = self._threads()
         self.data, self.sharder, held_out = self._data(checked.index, checked.held_out)
-        self.validator = (PhysicsValidator(held_out, cfg.validate_events, cfg.seed, comm)
+        self.validator = (PhysicsValidator(held_out, cfg.validate_events, cfg.seed, comm,
+                                           cfg.validate_draws)
                           if held_out is not None and cfg.validate_events > 0 else None)
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)

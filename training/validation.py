@@ -1,8 +1,9 @@
 """Physics validation of the 3DGAN on held-out events, shared by the ranks (framework-neutral).
 
 Every rank takes its share of the first ``--validate-events`` held-out events (event i goes
-to rank i mod world), has the task generate a shower at each event's energy from a latent
-vector fixed per event for the whole run, and summarises real and generated showers
+to rank i mod world), has the task generate ``--validate-draws`` showers at each event's
+energy, each from a latent vector fixed per event and draw for the whole run (draw 0's are
+those of a run with one draw), and summarises real and generated showers
 (``physics.summarise``). Rank 0 gathers the summaries, compares them bin by bin
 (``physics.compare``) and keeps the history in ``OUT/physics.json`` (rewritten atomically
 after every validation, earlier validations kept on ``--resume``) with the plots beside it
@@ -41,20 +42,22 @@ def due(epoch: int, epochs: int, every: int) -> bool:
 
 
 class PhysicsValidator:
-    def __init__(self, held_out: DatasetIndex, events: int, seed: int, comm) -> None:
+    def __init__(self, held_out: DatasetIndex, events: int, seed: int, comm,
+                 draws: int = 1) -> None:
         self.comm, self.rank = comm, comm.Get_rank()
         self.held_out = held_out
         self.total = min(events, held_out.total)
         self.mine = np.arange(self.total)[self.rank::comm.Get_size()]
-        z = np.random.default_rng([seed, LATENT_SEED]).standard_normal(
-            (self.total, LATENT), dtype=np.float32)
-        self.z = z[self.mine]
+        rng = np.random.default_rng([seed, LATENT_SEED])
+        self.z = [rng.standard_normal((self.total, LATENT), dtype=np.float32)[self.mine]
+                  for _ in range(draws)]
         self._real: tuple[np.ndarray, np.ndarray] | None = None
 
     def describe(self) -> str:
         names = ", ".join(p.name for p in self.held_out.files)
+        draws = (f", {len(self.z)} generated showers per event" if len(self.z) > 1 else "")
         return (f"{self.total} of {self.held_out.total} held-out events ({names}), "
-                "never trained on")
+                f"never trained on{draws}")
 
     def _real_events(self) -> tuple[np.ndarray, np.ndarray]:
         if self._real is None:
@@ -68,16 +71,27 @@ class PhysicsValidator:
         discriminator's first look at the real showers, the same for every generator)."""
         x, e = self._real_events()
         e_gev = e.astype(np.float64) * ENERGY_SCALE_GEV
-        passes = [task.physics_pass(x, e, self.z, generator=which, real=k == 0) if len(e)
-                  else (x, np.zeros(0), np.zeros(0))
-                  for k, which in enumerate(task.generators)]   # D on x once, in the first
-        mine = [physics.summarise(x, e_gev, passes[0][1]),
-                *(physics.summarise(generated, e_gev, aux) for generated, _, aux in passes)]
+        aux_real = np.zeros(0)
+        generated = []   # per generator: its showers' summaries, one per draw
+        for k, which in enumerate(task.generators):
+            parts = []
+            for d, z in enumerate(self.z):
+                if not len(e):
+                    parts.append(physics.summarise(x, e_gev, np.zeros(0)))
+                    continue
+                first = k == 0 and d == 0                 # D on x once, in the first pass
+                showers, aux_x, aux = task.physics_pass(x, e, z, generator=which, real=first)
+                aux_real = aux_x if first else aux_real
+                parts.append(physics.summarise(showers, e_gev, aux))
+            generated.append(parts)
+        mine = [physics.summarise(x, e_gev, aux_real), *generated]
         gathered = self.comm.gather(mine, root=0)
         if self.rank != 0:
             return None
         real = physics.concat([m[0] for m in gathered])
-        return [physics.compare(real, physics.concat([m[i + 1] for m in gathered]), epoch,
+        draws = range(len(self.z))   # draw after draw, each in rank order as ``real`` is
+        return [physics.compare(real, physics.concat([m[i + 1][d] for d in draws
+                                                      for m in gathered]), epoch,
                                 generator=which)
                 for i, which in enumerate(task.generators)]
 
