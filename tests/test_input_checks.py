@@ -174,7 +174,7 @@ def test_options_of_the_other_launcher(box):
     (["--cell-scale", "nan"], "--cell-scale must be a positive number, got nan"),
     (["--lr-decay", "cosine", "--warmup-epochs", "2"],
      "--lr-decay cosine with --warmup-epochs 2 and --epochs 2: the warm-up fills the run"),
-    (["--lr-decay", "step"], "argument --lr-decay: invalid choice: 'step'"),
+    (["--lr-decay", "linear"], "argument --lr-decay: invalid choice: 'linear'"),
     (["--device", "cuda", "--comm", "gloo"],
      "--device cuda is implemented for --framework pytorch with --comm mpi only"),
     (["--device", "cuda", "--framework", "tensorflow"],

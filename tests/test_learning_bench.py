@@ -204,3 +204,38 @@ def test_the_raw_generator_of_an_averaged_run_is_judged_as_the_control():
     assert cut["at"]["end"]["sampling_fraction_worst_rel_diff"] == 0.2
     assert "end_bins" not in cut and "end_bins" not in cut["raw"]
     assert learning.raw_side([{k: v for k, v in runs[0].items() if k != "raw"}]) is None
+
+
+@pytest.mark.mpi
+def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
+    """``bench/rejudge.py`` on a 1-rank run's last checkpoint, with the validation's own
+    events and one draw, gives physics.json's numbers exactly. The control: two draws give
+    other generated numbers on the same real events. A directory without a run is refused."""
+    from conftest import base_env, run
+    from jobs import train
+
+    out = tmp_path / "run"
+    result = train(1, "3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+                   "--epochs", "1", "--validate-events", "8", "--eval-samples", "0",
+                   "--peak-gflops", "50", "--cell-scale", "100", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    script = str(REPO / "bench" / "rejudge.py")
+    got = {}
+    for draws in (1, 2):
+        path = tmp_path / f"rejudge{draws}.json"
+        done = run([sys.executable, script, str(out), "--events", "8", "--draws", str(draws),
+                    "--json", str(path)], base_env(), timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got[draws] = json.loads(path.read_text())
+    one, two = got[1], got[2]
+    assert one["epoch"] == 0 and one["in_training"][0]["events"] == 8
+    assert one["judged"][0]["bins"] == one["in_training"][0]["bins"]
+    physics = json.loads((out / "physics.json").read_text())["validations"][-1]
+    assert one["validations"][0]["bins"] == physics["bins"]
+    assert two["judged"][0]["bins"] != two["in_training"][0]["bins"]
+    assert two["validations"][0]["draws"] == 2
+    assert [b["real"] for b in two["validations"][0]["bins"]] == \
+        [b["real"] for b in physics["bins"]]
+    refused = run([sys.executable, script, str(tmp_path)], base_env())
+    assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+    assert "hint: " in refused.stderr

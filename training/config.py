@@ -50,7 +50,7 @@ class TrainConfig:
     lr: float = 1e-3                  # per rank, scaled by world size; parse(): model default
     lr_scaling: str = "linear"
     warmup_epochs: float = 0.0
-    lr_decay: str = "none"            # "cosine": half cosine to 0 at the last step
+    lr_decay: str = "none"            # "cosine", "step": training/schedule.py
     optimizer: str = "adam"           # parse(): the model's default
     data: str | None = None
     generate_events: int = 0          # >0: generate this many showers into OUT/data first
@@ -113,9 +113,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-scaling", choices=("linear", "none"), default="linear")
     p.add_argument("--warmup-epochs", type=float, default=0.0, help="0: no warm-up")
     p.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
-                   help="after the warm-up: none (a constant rate, as CERN's trainer) or "
+                   help="after the warm-up: none (a constant rate, as CERN's trainer), "
                         "cosine (half a cosine from the rate down to 0 at the end of the "
-                        "last epoch, counted in --epochs x steps per epoch)")
+                        "last epoch, counted in --epochs x steps per epoch) or step (the "
+                        "rate for the first 80 %% of those steps, a tenth of it after)")
     p.add_argument("--optimizer", choices=("adam", "rmsprop", "sgd"), default=None,
                    help="default: adam for 3dgan, sgd for the ResNets")
     p.add_argument("--data", help="directory of Ele*_*.h5 files (3dgan)")
