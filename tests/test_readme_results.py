@@ -44,7 +44,7 @@ def test_rendered_files_carry_provenance_and_trials(name):
     missing = [k for k in PROVENANCE if k not in data["provenance"]]
     assert not missing, f"{name} lacks provenance {missing}"
     assert data["trials"] and data["settings"]
-    verdicts = ("met", "missed", "unresolved", "invalid")
+    verdicts = ("met", "missed", "unresolved", "invalid", "report")
     for row in data.get("rows", []):
         if row["stats"] is not None:
             assert row["stats"]["n"] >= 1 and row["verdict"] in verdicts
