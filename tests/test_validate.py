@@ -19,7 +19,7 @@ import pytest
 from conftest import base_env, run
 from test_image import image, image_env  # noqa: F401 - fixture
 from test_image import pytestmark as IMAGE_MARKS
-from validate_controls import CONTROLS, HEALTHY, missing, run_scenario
+from validate_controls import CONTROLS, HEALTHY, cpuset, missing, run_scenario
 
 from hpcai.launcher.probe import PingPong, ProbeRecord
 from hpcai.launcher import validate
@@ -74,6 +74,26 @@ def test_negative_control_fails_naming_its_cause(control, image, tmp_path):
         assert sorted(judged) == [64 << 10, 4 << 20], judged
         assert all(r < validate.DEFAULT_THRESHOLD for r in judged.values()), judged
         assert len(problems) == len(judged), problems
+
+
+@container
+def test_validate_inside_a_one_cpu_cpuset_is_refused_before_any_rank_starts(image, tmp_path):
+    """The launcher itself in a cpuset cgroup that allows only CPU 0 plans within it: 2 ranks
+    need 2 cores, so validate refuses (error/hint, exit 2) naming the CPU set, and writes no
+    report. The healthy set-up above, outside the cgroup, is the control."""
+    why = missing("cpu-binding")
+    if why:
+        pytest.skip(why)
+    report = tmp_path / "report.json"
+    with cpuset("0") as group:
+        result = run(["sh", "-c", 'echo $$ > "$0/tasks" && exec "$@"', str(group),
+                      "hpcai-launch", "validate", "--container", str(image), "-N", "2",
+                      "--json", str(report)], image_env(), timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: 2 ranks x 1 cores each need 2 cores"), \
+        result.stderr
+    assert "cpus 0 (this process's CPU affinity)" in result.stderr
+    assert "hint: " in result.stderr and not report.exists()
 
 
 @container

@@ -12,8 +12,12 @@ line that names its cause (:data:`CAUSES`):
   from a site profile's env, which only the container gets): the slow path that still works;
 - ``missing-fabric``: host MPICH (built on UCX) with the host's ``libucp.so.0`` missing from
   the staged libraries: MPICH silently loads the image's UCX instead;
-- ``cpu-binding``: a cpuset cgroup (what Slurm's ConstrainCores makes) that allows only
-  CPU 0, so the kernel refuses rank 1's planned CPU 1 and it runs on CPU 0.
+- ``cpu-binding``: the ranks in a cpuset cgroup (what Slurm's ConstrainCores makes) that
+  allows only CPU 0, which neither the launcher (outside it: ``--mpirun`` is a wrapper that
+  moves MPICH's ``mpiexec`` into it) nor the ranks' wrappers can read (the wrapper runs
+  mpiexec in a mount namespace with an empty directory over ``/sys/fs/cgroup``). The plan
+  gives rank 1 CPU 1, the kernel refuses it, and it runs on CPU 0. (A launcher inside such a cgroup plans within it and refuses 2 ranks
+  on 1 CPU before any starts: ``tests/test_validate.py``.)
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from contextlib import contextmanager
@@ -44,7 +49,7 @@ CAUSES = {
 # What each scenario needs on the host, beyond the image and Charliecloud.
 NEEDS = {HEALTHY: ("mpirun.openmpi",), "singleton": ("mpirun.openmpi", "mpiexec.mpich"),
          "image-mpi": ("mpirun.openmpi",), "tcp-fallback": ("mpirun.openmpi",),
-         "missing-fabric": ("mpiexec.mpich",), "cpu-binding": ("mpiexec.mpich",)}
+         "missing-fabric": ("mpiexec.mpich",), "cpu-binding": ("mpiexec.mpich", "unshare")}
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 
 
@@ -139,10 +144,19 @@ def scenario_argv(scenario: str, image: Path, env: dict[str, str],
             (broken / "lib" / "libucp.so.0").unlink()
         yield [*validate, *_mpich(), "--host-libs", str(broken)]
     elif scenario == "cpu-binding":
+        hidden = work / "no-cgroups"
+        hidden.mkdir(exist_ok=True)
         with cpuset("0") as group:
-            # the shell puts itself into the cgroup, then becomes validate (argv, no string)
-            yield ["sh", "-c", 'echo $$ > "$0/tasks" && exec "$@"', str(group), *validate,
-                   *_mpich()]
+            # mpiexec moves itself into the cpuset, then runs in a mount namespace in which
+            # an empty directory hides /sys/fs/cgroup (root: the test owns both)
+            wrapper = work / "mpiexec-in-hidden-cpuset"
+            wrapper.write_text(
+                "#!/bin/sh\n"
+                f"echo $$ > {shlex.quote(str(group / 'tasks'))} && exec unshare --mount "
+                "sh -c 'mount --bind \"$0\" /sys/fs/cgroup && exec \"$@\"' "
+                f"{shlex.quote(str(hidden))} {shlex.quote(_mpich()[-1])} \"$@\"\n")
+            wrapper.chmod(0o755)
+            yield [*validate, "--mpi", "mpich", "--mpirun", str(wrapper)]
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
 
