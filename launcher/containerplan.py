@@ -12,7 +12,8 @@ an image that lacks the helper of :mod:`.readonly`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import pwd
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import abi, consumers, containers, hostlibs, hostmpi, matrix, mpis, preflight
@@ -36,6 +37,8 @@ class ContainerFacts:
     has_command: bool = True             # the command exists in the image (or cannot tell)
     has_helper: bool = True              # the runtime's read-only helper too (or cannot tell)
     copied: bool = True                  # False: --dry-run, ``staged`` not made
+    runtime_env: tuple[tuple[str, str], ...] = ()   # what the runtime needs and the job's
+                                                    # environment lacks (USER, from the uid)
 
     def to_dict(self) -> dict:
         host = self.host_mpi
@@ -50,11 +53,23 @@ class ContainerFacts:
         }
 
 
-def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
-           site_path: str | None, env: dict[str, str], launcher: str | None,
-           srun_pmi: str | None, cache_dir: str, in_rank: bool,
-           family: str | None = None, command: str | None = None,
-           stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
+_FROM_THE_UID = {"USER": lambda: pwd.getpwuid(os.getuid()).pw_name}
+
+
+def gather(*, runtime: str, env: dict[str, str], **kwargs) -> ContainerFacts:
+    """All container facts, checked (:func:`_gather` says which), with the variables the
+    runtime needs and ``env`` lacks (a job without ``USER``, which ch-run refuses) taken
+    from the uid."""
+    facts = _gather(runtime=runtime, env=env, **kwargs)
+    missing = [name for name in containers.get_runtime(runtime).needs_env if not env.get(name)]
+    return replace(facts, runtime_env=tuple((name, _FROM_THE_UID[name]()) for name in missing))
+
+
+def _gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
+            site_path: str | None, env: dict[str, str], launcher: str | None,
+            srun_pmi: str | None, cache_dir: str, in_rank: bool,
+            family: str | None = None, command: str | None = None,
+            stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
     """All container facts, checked. Raises UserError on the first problem. ``stage``:
     copy the host libraries into the cache (False for ``--dry-run``: only name the place).
     ``argv`` (the command) says which of the image's MPI consumers it uses (:mod:`.matrix`)."""
@@ -202,8 +217,9 @@ def parse_bind(text: str, read_only_default: bool) -> Bind:
 
 
 def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
-    """Env that points the ranks at the bound host libraries (paths inside the container)."""
-    out: dict[str, str] = {}
+    """Env that points the ranks at the bound host libraries (paths inside the container),
+    with the site's and what the runtime needs (``ContainerFacts.runtime_env``)."""
+    out: dict[str, str] = dict(facts.runtime_env)
     if facts.site:
         out.update(facts.site.env)
     if not facts.staged:

@@ -48,6 +48,7 @@ class Runtime:
     workdir_flag: str
     before_command: tuple[str, ...]     # between the image and the command
     read_only_helper: str | None = None  # else: a module the image's python3 runs first
+    needs_env: tuple[str, ...] = ()     # the runtime refuses to start without them
 
     def bind_args(self, bind: Bind) -> list[str]:
         suffix = self.read_only_suffix if bind.read_only and self.read_only_suffix else ""
@@ -83,7 +84,8 @@ RUNTIMES = {r.name: r for r in (
             "load the site's charliecloud module) so that ch-run is on PATH",
             exec_args=(), join_args=("--join-ct={n}", "--join-tag={tag}"), bind_flag="-b",
             read_only_suffix=None, env_flag=None, explicit_env=(), workdir_flag="-c",
-            before_command=("--",), read_only_helper="hpcai.launcher.readonly"),
+            before_command=("--",), read_only_helper="hpcai.launcher.readonly",
+            needs_env=("USER",)),   # ch-run: "error: $USER not set"
     Runtime("singularity", ("singularity", "apptainer"),
             "install Apptainer or SingularityCE (https://apptainer.org/docs/admin/main/"
             "installation.html; Debian 12 packages neither) or load the site's module, so "

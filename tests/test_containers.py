@@ -73,6 +73,25 @@ def _fake_image(root: Path, family: str, soname: str) -> Path:
     return root
 
 
+def test_a_job_without_user_gives_ch_run_the_uids_name(image, tmp_path):
+    """ch-run refuses to start without $USER (the control: ch-run alone fails, saying so).
+    hpcai-launch gives the ranks the uid's login name, and keeps a USER the job has."""
+    import os
+    import pwd
+
+    env = image_env()
+    env.pop("USER")
+    bare = run(["ch-run", str(image), "--", "true"], env, cwd=tmp_path)
+    assert bare.returncode != 0 and "USER not set" in bare.stderr, bare.stderr
+    show = ["hpcai-launch", "-N", "1", "--container", str(image), "--", "sh", "-c",
+            'echo "user=$USER"']
+    ours = run(show, env, cwd=tmp_path)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert f"user={pwd.getpwuid(os.getuid()).pw_name}" in ours.stdout, ours.stdout
+    kept = run(show, {**env, "USER": "hpcai-test-user"}, cwd=tmp_path)
+    assert kept.returncode == 0 and "user=hpcai-test-user" in kept.stdout, kept.stdout
+
+
 def test_mpi_family_mismatch_is_refused_before_launch(tmp_path):
     if "openmpi" not in FLAVOURS:
         pytest.skip("needs host Open MPI")
