@@ -213,14 +213,19 @@ def provenance() -> dict:
     }
 
 
+def result_name(benchmark: str, info: dict) -> str:
+    """``<benchmark>-<host>-<UTC date>.json`` of a run with provenance ``info``."""
+    stamp = info["date"].replace(":", "").replace("-", "").split("+")[0]
+    return f"{benchmark}-{info['host']}-{stamp}.json"
+
+
 def write_result(benchmark: str, info: dict, rows: Sequence[Row], trials: dict,
                  settings: dict, out_dir: Path = RESULTS) -> Path:
     """Write ``<benchmark>-<host>-<date>.json``: provenance (``info`` from
     :func:`provenance` plus the load average now), the settings, the target rows and every
     trial; returns the path."""
     info = dict(info, load_average_at_end=[round(x, 2) for x in os.getloadavg()])
-    stamp = info["date"].replace(":", "").replace("-", "").split("+")[0]
-    path = out_dir / f"{benchmark}-{info['host']}-{stamp}.json"
+    path = out_dir / result_name(benchmark, info)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"benchmark": benchmark, "provenance": info,
                                 "settings": settings, "rows": [asdict(r) for r in rows],

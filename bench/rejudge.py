@@ -29,12 +29,13 @@ import json
 import sys
 from pathlib import Path
 
-from common import RESULTS, provenance
+from common import RESULTS, provenance, result_name
+from learning import bin_label
 
 
 def bins_of(v: dict) -> list[dict]:
     """Per energy bin: real events, generated/real - 1 and its standard error."""
-    return [{"bin_gev": f"{b['e_lo_gev']:g}-{b['e_hi_gev']:g}", "events": b["events"],
+    return [{"bin_gev": bin_label(b), "events": b["events"],
              "sampling_fraction_rel_diff": b["sampling_fraction_rel_diff"],
              "sampling_fraction_rel_se": b.get("sampling_fraction_rel_se")}
             for b in v["bins"] if b["events"]]
@@ -115,8 +116,7 @@ def main() -> int:
                                  if b["sampling_fraction_rel_se"] is not None else "")
                               for b in g["bins"])
             print(f"{side:11s} {g['generator']:7s} {cells}")
-    stamp = info["date"].replace(":", "").replace("-", "").split("+")[0]
-    path = args.json or RESULTS / f"rejudge-{args.run.name}-{info['host']}-{stamp}.json"
+    path = args.json or RESULTS / result_name(f"rejudge-{args.run.name}", info)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
     print(f"wrote {path}")

@@ -76,12 +76,13 @@ class PhysicsValidator:
         for k, which in enumerate(task.generators):
             parts = []
             for d, z in enumerate(self.z):
-                if not len(e):
-                    parts.append(physics.summarise(x, e_gev, np.zeros(0)))
-                    continue
-                first = k == 0 and d == 0                 # D on x once, in the first pass
-                showers, aux_x, aux = task.physics_pass(x, e, z, generator=which, real=first)
-                aux_real = aux_x if first else aux_real
+                showers, aux = x, np.zeros(0)             # a rank without events: empty
+                if len(e):
+                    first = k == 0 and d == 0             # D on x once, in the first pass
+                    showers, aux_x, aux = task.physics_pass(x, e, z, generator=which,
+                                                            real=first)
+                    if first:
+                        aux_real = aux_x
                 parts.append(physics.summarise(showers, e_gev, aux))
             generated.append(parts)
         mine = [physics.summarise(x, e_gev, aux_real), *generated]
