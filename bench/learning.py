@@ -35,6 +35,14 @@ A seed whose generator has died (every generated shower empty in ``--stop-dead``
 validations in a row, default 2) is stopped early with SIGTERM and fails: the output ReLU then
 passes no gradient. The JSON is rewritten after every seed (``complete`` false until all ran).
 
+With ``--train-arg=--resume`` a seed continues its run directory (``--workdir``) from its last
+checkpoint, and a finished seed is read back at once, so a budget longer than one sitting is
+spread over several invocations. ``wall_time_s`` and ``provenance`` are then the last
+invocation's; each run also says what its ``epochs.jsonl`` holds from all of them:
+``epochs_before`` (epochs already recorded when this invocation started), ``epoch_time_s_sum``
+(training time summed over the recorded epochs: no validation, no start-up; a stopped epoch
+counts only its resumed part) and ``epochs_by_revision`` (the commit each epoch ran).
+
 Run it on an otherwise idle machine. Measured on 2-core VMs: a 2-rank step takes about 1 s
 at batch 4 per rank and 4.1-4.6 s at batch 16, plus a few seconds per validation; the defaults
 (6 x 16 steps of batch 4) take about 2.5 minutes per seed. A budget this size may be too
@@ -82,6 +90,7 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
             "--validate-draws", str(args.validate_draws),
             "--eval-samples", "0", "--out", str(out), *args.train_args]
     print("$ " + " ".join(argv), flush=True)
+    before = len(epoch_records(out))
     start = time.monotonic()
     dead_at = None
     deadline_hit = False
@@ -115,15 +124,34 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
         raise SystemExit(f"error: seed {seed}: training exited {proc.returncode}")
     doc = json.loads((out / "physics.json").read_text())
     validations = doc["validations"]
-    records = [json.loads(line) for line in
-               (out / "epochs.jsonl").read_text().splitlines() if line.strip()]
+    records = epoch_records(out)
     run = {"seed": seed, "wall_s": round(wall, 1), "command": argv,
            "stopped_dead_at_epoch": dead_at, "stopped_at_deadline": deadline_hit,
            "steps_per_epoch": records[0]["steps"],   # --max-steps, or fewer: the data's
-           "held_out": doc["held_out"], **judged_side(validations)}
+           "held_out": doc["held_out"], **recorded_time(records, before),
+           **judged_side(validations)}
     if all(v.get("others") for v in validations):   # --generator-ema: the raw one beside
         run["raw"] = judged_side([v["others"][0] for v in validations])
     return run
+
+
+def epoch_records(out: Path) -> list[dict]:
+    """The run directory's ``epochs.jsonl`` records (none before its first epoch)."""
+    path = out / "epochs.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def recorded_time(records: list[dict], before: int) -> dict:
+    """What a seed's epoch records say about every invocation that trained it."""
+    revisions: dict[str, int] = {}
+    for r in records:
+        rev = str(r.get("provenance", {}).get("git_revision"))
+        revisions[rev] = revisions.get(rev, 0) + 1
+    return {"epochs_before": before,
+            "epoch_time_s_sum": round(sum(r["epoch_time_s"] for r in records), 1),
+            "epochs_by_revision": revisions}
 
 
 def judged_side(validations: list[dict]) -> dict:

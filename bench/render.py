@@ -94,6 +94,23 @@ def _g(x: float | None) -> str:
     return "—" if x is None else f"{x:.2g}" if abs(x) < 10 else f"{x:.0f}"
 
 
+def _learning_time(data: dict) -> str:
+    """The run's wall time; for one resumed over several invocations, the last invocation's
+    and the training time its seeds' epoch records hold, with the commits they ran."""
+    wall = f"{data['wall_time_s'] / 60:.0f} min"
+    runs = data["runs"]
+    if not any(run.get("epochs_before") for run in runs):
+        return wall
+    revisions: dict[str, int] = {}
+    for run in runs:
+        for rev, n in run["epochs_by_revision"].items():
+            revisions[rev] = revisions.get(rev, 0) + n
+    trained = sum(run["epoch_time_s_sum"] for run in runs) / 60
+    return (f"resumed: {wall} in its last invocation (the provenance is that invocation's), "
+            f"{trained:.0f} min of training in all, epochs per commit "
+            + ", ".join(f"{rev[:10]} {n}" for rev, n in revisions.items()))
+
+
 def _learning_table(files: list[tuple[str, dict]]) -> str:
     """``bench/learning.py``: every committed run, one row per seed, oldest first."""
     lines = ["| file | budget (2-rank steps × batch per rank, extra train arguments) | seed "
@@ -134,7 +151,7 @@ def _learning_table(files: list[tuple[str, dict]]) -> str:
         sources.append(f"`{name}`: commit {str(p['git_commit'])[:10]}"
                        f"{' + changes' if p['git_dirty'] else ''}, {p['date']}, "
                        f"{p['machine']}, {p['cpus']} CPUs, {gpu}"
-                       f"{data['wall_time_s'] / 60:.0f} min, load average "
+                       f"{_learning_time(data)}, load average "
                        f"{p['load_average_at_start'][0]:.1f} → {p['load_average_at_end'][0]:.1f}")
     lines += ["", "Runs: " + "; ".join(sources) + "."]
     return "\n".join(lines) + "\n"

@@ -239,3 +239,37 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     refused = run([sys.executable, script, str(tmp_path)], base_env())
     assert refused.returncode == 2 and refused.stderr.startswith("error: ")
     assert "hint: " in refused.stderr
+
+
+@pytest.mark.mpi
+def test_a_seed_resumed_over_two_invocations_keeps_both_in_its_record(tmp_path):
+    """``--train-arg=--resume``: the second invocation continues the first's run directory,
+    and the run says how many epochs came before it, the training time of all recorded
+    epochs and the commit each ran; the README line says the run was resumed. The control:
+    the first invocation, from scratch, records no earlier epochs and renders a plain time."""
+    from conftest import base_env, run
+    import render
+
+    script = str(REPO / "bench" / "learning.py")
+    work, path = tmp_path / "work", tmp_path / "learning.json"
+    got = []
+    for epochs in (1, 2):
+        done = run([sys.executable, script, "--seeds", "1", "--epochs", str(epochs),
+                    "--max-steps", "1", "--batch-size", "2", "--events", "24",
+                    "--validate-events", "8", "--workdir", str(work), "--json", str(path),
+                    "--train-arg=--resume", "--train-arg=--cell-scale",
+                    "--train-arg=100", "--launch-arg=--threads-per-rank",
+                    "--launch-arg=1"], base_env(), timeout=600, cwd=tmp_path)
+        assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+        got.append(json.loads(path.read_text()))
+    first, second = (g["runs"][0] for g in got)
+    assert first["epochs_before"] == 0 and len(first["history"]) == 1
+    assert second["epochs_before"] == 1 and len(second["history"]) == 2
+    assert sum(second["epochs_by_revision"].values()) == 2
+    records = learning.epoch_records(work / "seed1")
+    assert second["epoch_time_s_sum"] == round(sum(r["epoch_time_s"] for r in records), 1)
+    assert second["epoch_time_s_sum"] > first["epoch_time_s_sum"] > 0
+    assert render._learning_time(got[0]).endswith(" min")
+    said = render._learning_time(got[1])
+    assert said.startswith("resumed: ") and "in its last invocation" in said
+    assert said.endswith(f"epochs per commit {next(iter(second['epochs_by_revision']))[:10]} 2")
