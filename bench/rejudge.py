@@ -19,13 +19,21 @@ provenance, the checkpoint (epoch, step, configuration), each generator's valida
 ``physics.json``, and per bin the difference with its standard error. Beside them it holds the
 in-training validation of the same epoch from ``RUN/physics.json``, for comparison.
 
-    python bench/rejudge.py RUN_DIR [--checkpoint PATH] [--events 512] [--draws 4]
+With ``--split`` (an even ``--draws``) it also judges the first and the second half of the
+draws apart, on the same real events: two independent estimates of each bin's generated
+sampling fraction. Their difference, over its standard error from the generated spreads
+(``z``), checks the standard error the verdict leans on: with a right error, ``|z|`` exceeds 2
+in about one bin in twenty, and the sum of ``z²`` over the bins is about their number.
+
+    python bench/rejudge.py RUN_DIR [--checkpoint PATH] [--events 512] [--draws 4] [--split]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -41,6 +49,34 @@ def bins_of(v: dict) -> list[dict]:
             for b in v["bins"] if b["events"]]
 
 
+def half(validator, first: int, stop: int):
+    """The validator on the same events with only draws ``first`` .. ``stop - 1``."""
+    part = copy.copy(validator)
+    part.z = validator.z[first:stop]
+    return part
+
+
+def split_halves(a: dict, b: dict) -> dict:
+    """Per bin, the first and second half's generated/real - 1, their difference and its
+    standard error from the generated side only (the real events are the same in both)."""
+    rows = []
+    for x, y in zip(a["bins"], b["bins"]):
+        if x["events"] * a["draws"] < 2 or None in (x["sampling_fraction_rel_diff"],
+                                                    y["sampling_fraction_rel_diff"]):
+            continue   # one shower per half: no spread to judge the difference by
+        real = x["real"]["sampling_fraction"]
+        se = math.sqrt(sum((v["gen"]["sampling_fraction_std"] / real) ** 2
+                           / (v["events"] * a["draws"]) for v in (x, y)))
+        diff = x["sampling_fraction_rel_diff"] - y["sampling_fraction_rel_diff"]
+        rows.append({"bin_gev": bin_label(x), "halves": [x["sampling_fraction_rel_diff"],
+                                                         y["sampling_fraction_rel_diff"]],
+                     "difference": diff, "difference_se": se, "z": diff / se})
+    zs = [r["z"] for r in rows]
+    return {"draws_per_half": a["draws"], "bins": rows,
+            "max_abs_z": max((abs(z) for z in zs), default=None),
+            "sum_z2": sum(z * z for z in zs), "bins_judged": len(zs)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a train 3dgan --out directory")
@@ -48,6 +84,8 @@ def main() -> int:
                         help="default: the run's last checkpoint")
     parser.add_argument("--events", type=int, default=512)
     parser.add_argument("--draws", type=int, default=4)
+    parser.add_argument("--split", action="store_true",
+                        help="also judge each half of the draws apart (checks the error)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     physics_file = args.run / "physics.json"
@@ -61,6 +99,10 @@ def main() -> int:
     if args.events < 1 or args.draws < 1:
         print(f"error: --events and --draws must be at least 1, got {args.events} and "
               f"{args.draws}\nhint: e.g. --events 512 --draws 4", file=sys.stderr)
+        return 2
+    if args.split and (args.draws < 2 or args.draws % 2):
+        print(f"error: --split needs an even --draws of at least 2, got {args.draws}\n"
+              "hint: e.g. --draws 4 --split", file=sys.stderr)
         return 2
     info = provenance()
 
@@ -108,7 +150,13 @@ def main() -> int:
                           "bins": bins_of(v)}
                          for v in [in_training, *in_training.get("others", [])]]),
         "validations": [entry(validations)],
+        "split": None,
     }
+    if args.split:
+        h = args.draws // 2
+        halves = [half(validator, *r).run(task, epoch)[0].to_dict()
+                  for r in ((0, h), (h, args.draws))]
+        result["split"] = split_halves(*halves)
     for side, rows in (("rejudged", result["judged"]), ("in training", result["in_training"])):
         for g in rows or []:
             cells = "  ".join(f"{b['bin_gev']}: {b['sampling_fraction_rel_diff']:+.3f}"
@@ -116,6 +164,13 @@ def main() -> int:
                                  if b["sampling_fraction_rel_se"] is not None else "")
                               for b in g["bins"])
             print(f"{side:11s} {g['generator']:7s} {cells}")
+    if result["split"] is not None:
+        sp = result["split"]
+        print("halves      " + "  ".join(f"{r['bin_gev']}: {r['halves'][0]:+.3f} vs "
+                                         f"{r['halves'][1]:+.3f} (z {r['z']:+.1f})"
+                                         for r in sp["bins"]))
+        print(f"split check: max |z| {sp['max_abs_z']:.2f}, sum z² {sp['sum_z2']:.1f} over "
+              f"{sp['bins_judged']} bins (about {sp['bins_judged']} if the error is right)")
     path = args.json or RESULTS / result_name(f"rejudge-{args.run.name}", info)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")

@@ -210,7 +210,9 @@ def test_the_raw_generator_of_an_averaged_run_is_judged_as_the_control():
 def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     """``bench/rejudge.py`` on a 1-rank run's last checkpoint, with the validation's own
     events and one draw, gives physics.json's numbers exactly. The control: two draws give
-    other generated numbers on the same real events. A directory without a run is refused."""
+    other generated numbers on the same real events, and ``--split`` judges draw 0 alone as
+    the one-draw run did and draw 1 apart. A directory without a run, and ``--split`` with
+    an odd number of draws, are refused."""
     from conftest import base_env, run
     from jobs import train
 
@@ -224,7 +226,8 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     for draws in (1, 2):
         path = tmp_path / f"rejudge{draws}.json"
         done = run([sys.executable, script, str(out), "--events", "8", "--draws", str(draws),
-                    "--json", str(path)], base_env(), timeout=300)
+                    "--json", str(path), *(["--split"] if draws == 2 else [])],
+                   base_env(), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         got[draws] = json.loads(path.read_text())
     one, two = got[1], got[2]
@@ -236,9 +239,19 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     assert two["validations"][0]["draws"] == 2
     assert [b["real"] for b in two["validations"][0]["bins"]] == \
         [b["real"] for b in physics["bins"]]
+    # --split: the first half (draw 0) is the one-draw judgement exactly, the second differs
+    assert one["split"] is None and two["split"]["draws_per_half"] == 1
+    judged_one = {b["bin_gev"]: b["sampling_fraction_rel_diff"] for b in one["judged"][0]["bins"]}
+    rows = two["split"]["bins"]
+    assert rows and all(r["halves"][0] == judged_one[r["bin_gev"]] for r in rows)
+    assert all(r["halves"][0] != r["halves"][1] and r["difference_se"] > 0 for r in rows)
+    assert two["split"]["sum_z2"] == pytest.approx(sum(r["z"] ** 2 for r in rows))
     refused = run([sys.executable, script, str(tmp_path)], base_env())
     assert refused.returncode == 2 and refused.stderr.startswith("error: ")
     assert "hint: " in refused.stderr
+    odd = run([sys.executable, script, str(out), "--draws", "3", "--split"], base_env())
+    assert odd.returncode == 2 and "--split needs an even --draws" in odd.stderr
+    assert "hint: " in odd.stderr
 
 
 @pytest.mark.mpi
