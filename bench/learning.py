@@ -127,7 +127,8 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     records = epoch_records(out)
     run = {"seed": seed, "wall_s": round(wall, 1), "command": argv,
            "stopped_dead_at_epoch": dead_at, "stopped_at_deadline": deadline_hit,
-           "steps_per_epoch": records[0]["steps"],   # --max-steps, or fewer: the data's
+           # --max-steps, or fewer: the data's (a resumed epoch's record has its rest)
+           "steps_per_epoch": records[0]["first_step"] + records[0]["steps"],
            "held_out": doc["held_out"], **recorded_time(records, before),
            **judged_side(validations)}
     if all(v.get("others") for v in validations):   # --generator-ema: the raw one beside

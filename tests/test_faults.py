@@ -254,6 +254,50 @@ def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
 
 
+@pytest.mark.mpi
+def test_a_stop_after_an_epochs_last_step_finishes_that_epoch_on_resume(tmp_path):
+    """A signal that stops the job after an epoch's last step checkpoints (epoch, steps),
+    before the epoch's end. The resumed run does that end first: the epoch's record (no steps,
+    its rate) and its physics validation, which equals an uninterrupted run's exactly; then
+    it goes on. The control: the two epochs' validations differ, so equality can fail."""
+    args = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "1", "--epochs",
+            "2", "--validate-events", "8", "--eval-samples", "0", "--peak-gflops", "50",
+            "--cell-scale", "100"]
+    reference = tmp_path / "reference"
+    result = train(2, *args, "--out", str(reference))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out, tag = tmp_path / "run", uuid.uuid4().hex
+    proc, log = start(out, *args, tag=tag)
+    pids: dict[int, int] = {}
+    try:
+        pids = both_ranks(tag)
+        wait_for(lambda: all(_catches(p, signal.SIGUSR1) for p in pids.values()), 60,
+                 "the signal handler")
+        for pid in pids.values():   # before the first (and only) step of epoch 0 ends
+            os.kill(pid, signal.SIGUSR1)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_leftovers(pids)
+    assert code == 75, log.read_text()[-3000:]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
+    assert not (out / "physics.json").exists() and not (out / "epochs.jsonl").exists()
+
+    result = train(2, *args, "--out", str(out), "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    got, ref = records(out), records(reference)
+    assert [(r["epoch"], r["first_step"], r["steps"]) for r in got] == [(0, 1, 0), (1, 0, 1)]
+    assert "at epoch 0 step 1 (its steps are done" in result.stdout
+    assert [r["lr"] for r in got] == [r["lr"] for r in ref]
+    assert records(out, "steps.jsonl") == records(reference, "steps.jsonl")
+    mine = json.loads((out / "physics.json").read_text())["validations"]
+    theirs = json.loads((reference / "physics.json").read_text())["validations"]
+    assert [v["epoch"] for v in mine] == [0, 1]
+    assert [v["bins"] for v in mine] == [v["bins"] for v in theirs]
+    assert mine[0]["bins"] != mine[1]["bins"]
+
+
 # -- --resume -------------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_resume_with_no_checkpoint_yet_starts_and_says_so(tmp_path):

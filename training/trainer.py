@@ -280,13 +280,15 @@ class Trainer(ABC):
             print(f"hpcai-train: --resume: {path} holds rank 0's BatchNorm statistics only "
                   "(written before per-rank ones were kept): every rank continues with them",
                   flush=True)
-        self.start_epoch, self.start_step = state["epoch"], state["step"]
+        # a stop after an epoch's last step leaves (epoch, steps): that epoch's end (its
+        # record, validation and checkpoint) was not reached, so the resumed run does it first
+        self.start_epoch, self.start_step = state["epoch"], min(state["step"], self.steps)
         self.global_step = state["global_step"]
-        if self.start_step >= self.steps:
-            self.start_epoch, self.start_step = self.start_epoch + 1, 0
         if self.rank == 0:
+            done = (" (its steps are done: the epoch's end, validation included, comes first)"
+                    if self.start_step == self.steps else "")
             print(f"hpcai-train: resumed from {path} at epoch {self.start_epoch} step "
-                  f"{self.start_step}", flush=True)
+                  f"{self.start_step}{done}", flush=True)
         return per_rank is not None
 
     # -- measurement ----------------------------------------------------------------------
@@ -390,6 +392,8 @@ class Trainer(ABC):
             stream.close()
         if preempted:
             return True
+        if not steps_done and first_step:   # resumed after the last step: its rate
+            lr = self._set_lr(epoch, first_step - 1)
         watch.enter("epoch end")
         self._flush_steps(step_log)
         if cfg.bn == "average":
