@@ -214,27 +214,21 @@ def _maps_libmpi(pid: int) -> bool:
     return "libmpi" in Path(f"/proc/{pid}/maps").read_text()
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("moment", ["before MPI starts", "during data generation"])
-def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp_path):
-    """SIGUSR1 (the default action ends the process) that comes before MPI_Init or while rank
-    0 generates the data only sets the flag: the first step runs, is checkpointed, exit 75."""
-    out, tag = tmp_path / "run", uuid.uuid4().hex
-    if moment == "before MPI starts":
-        args = [*TINY, "--samples", "64", "--epochs", "1"]
-    else:
-        args = ["3dgan", "--generate", "4000", "--batch-size", "2", "--max-steps", "4",
-                "--epochs", "1", "--peak-gflops", "50", "--eval-samples", "0"]
+def _handler_installed(pids: dict[int, int]) -> list[int]:
+    """Wait until every rank catches SIGUSR1; the ranks that had loaded libmpi by then."""
+    wait_for(lambda: all(_catches(p, signal.SIGUSR1) for p in pids.values()), 60,
+             "the signal handler")
+    return [r for r, p in pids.items() if _maps_libmpi(p)]
+
+
+def _usr1_when(out: Path, args: list[str], tag: str, ready) -> tuple[int, str, object]:
+    """Start a 2-rank ``train``, wait for ``ready(pids)``, send SIGUSR1 to every rank (as
+    Slurm does); the exit code, the log and what ``ready`` returned."""
     proc, log = start(out, *args, tag=tag)
     pids: dict[int, int] = {}
     try:
         pids = both_ranks(tag)
-        if moment == "before MPI starts":
-            wait_for(lambda: all(_catches(p, signal.SIGUSR1) for p in pids.values()), 60,
-                     "the signal handler")
-            mpi_started = [r for r, p in pids.items() if _maps_libmpi(p)]
-        else:
-            wait_for(lambda: list((out / "data").glob("*.h5")), 120, "data generation")
+        seen = ready(pids)
         for pid in pids.values():
             os.kill(pid, signal.SIGUSR1)
         code = proc.wait(timeout=300)
@@ -242,7 +236,23 @@ def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp
         if proc.poll() is None:
             proc.kill()
         _kill_leftovers(pids)
-    text = log.read_text()
+    return code, log.read_text(), seen
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("moment", ["before MPI starts", "during data generation"])
+def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp_path):
+    """SIGUSR1 (the default action ends the process) that comes before MPI_Init or while rank
+    0 generates the data only sets the flag: the first step runs, is checkpointed, exit 75."""
+    out, tag = tmp_path / "run", uuid.uuid4().hex
+    if moment == "before MPI starts":
+        args, ready = [*TINY, "--samples", "64", "--epochs", "1"], _handler_installed
+    else:
+        args = ["3dgan", "--generate", "4000", "--batch-size", "2", "--max-steps", "4",
+                "--epochs", "1", "--peak-gflops", "50", "--eval-samples", "0"]
+        ready = lambda pids: wait_for(   # noqa: E731
+            lambda: list((out / "data").glob("*.h5")), 120, "data generation")
+    code, text, mpi_started = _usr1_when(out, args, tag, ready)
     assert code == 75, text[-3000:]
     if moment == "before MPI starts":
         assert not mpi_started, f"ranks {mpi_started} had loaded libmpi already"
@@ -266,21 +276,9 @@ def test_a_stop_after_an_epochs_last_step_finishes_that_epoch_on_resume(tmp_path
     reference = tmp_path / "reference"
     result = train(2, *args, "--out", str(reference))
     assert result.returncode == 0, result.stderr[-2000:]
-    out, tag = tmp_path / "run", uuid.uuid4().hex
-    proc, log = start(out, *args, tag=tag)
-    pids: dict[int, int] = {}
-    try:
-        pids = both_ranks(tag)
-        wait_for(lambda: all(_catches(p, signal.SIGUSR1) for p in pids.values()), 60,
-                 "the signal handler")
-        for pid in pids.values():   # before the first (and only) step of epoch 0 ends
-            os.kill(pid, signal.SIGUSR1)
-        code = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill_leftovers(pids)
-    assert code == 75, log.read_text()[-3000:]
+    out = tmp_path / "run"   # the signal comes before the first (and only) step of epoch 0
+    code, text, _ = _usr1_when(out, args, uuid.uuid4().hex, _handler_installed)
+    assert code == 75, text[-3000:]
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
     assert not (out / "physics.json").exists() and not (out / "epochs.jsonl").exists()
 
