@@ -31,7 +31,6 @@ in about one bin in twenty, and the sum of ``z²`` over the bins is about their 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import sys
@@ -47,13 +46,6 @@ def bins_of(v: dict) -> list[dict]:
              "sampling_fraction_rel_diff": b["sampling_fraction_rel_diff"],
              "sampling_fraction_rel_se": b.get("sampling_fraction_rel_se")}
             for b in v["bins"] if b["events"]]
-
-
-def half(validator, first: int, stop: int):
-    """The validator on the same events with only draws ``first`` .. ``stop - 1``."""
-    part = copy.copy(validator)
-    part.z = validator.z[first:stop]
-    return part
 
 
 def split_halves(a: dict, b: dict) -> dict:
@@ -132,8 +124,9 @@ def main() -> int:
     # (epoch, step), which no in-training validation matches
     end_of_epoch = state["step"] == 0
     epoch = state["epoch"] - 1 if end_of_epoch else state["epoch"]
-    validations = validator.run(task, epoch)
-    assert validations is not None
+    gathered = validator.summaries(task)   # one pass; --split judges its halves apart
+    assert gathered is not None
+    validations = validator.compare(gathered, task, epoch)
     in_training = next((v for v in doc["validations"] if v["epoch"] == epoch), None) \
         if end_of_epoch else None
     result = {
@@ -154,8 +147,8 @@ def main() -> int:
     }
     if args.split:
         h = args.draws // 2
-        halves = [half(validator, *r).run(task, epoch)[0].to_dict()
-                  for r in ((0, h), (h, args.draws))]
+        halves = [validator.compare(gathered, task, epoch, draws)[0].to_dict()
+                  for draws in (range(h), range(h, args.draws))]
         result["split"] = split_halves(*halves)
     for side, rows in (("rejudged", result["judged"]), ("in training", result["in_training"])):
         for g in rows or []:

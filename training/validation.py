@@ -69,6 +69,12 @@ class PhysicsValidator:
         """Collective: every rank validates its share; rank 0 gets the comparisons, one per
         generator of ``task.generators``, in that order (the real side is the
         discriminator's first look at the real showers, the same for every generator)."""
+        gathered = self.summaries(task)
+        return None if gathered is None else self.compare(gathered, task, epoch)
+
+    def summaries(self, task) -> list | None:
+        """Collective: every rank summarises its real showers and, per generator and draw,
+        its generated ones; rank 0 gets every rank's (in rank order), the others None."""
         x, e = self._real_events()
         e_gev = e.astype(np.float64) * ENERGY_SCALE_GEV
         aux_real = np.zeros(0)
@@ -87,10 +93,14 @@ class PhysicsValidator:
             generated.append(parts)
         mine = [physics.summarise(x, e_gev, aux_real), *generated]
         gathered = self.comm.gather(mine, root=0)
-        if self.rank != 0:
-            return None
+        return gathered if self.rank == 0 else None
+
+    def compare(self, gathered: list, task, epoch: int,
+                draws: range | None = None) -> list[physics.Validation]:
+        """Rank 0: the comparisons of :meth:`summaries`, on ``draws`` (default all)."""
         real = physics.concat([m[0] for m in gathered])
-        draws = range(len(self.z))   # draw after draw, each in rank order as ``real`` is
+        draws = range(len(self.z)) if draws is None else draws
+        # draw after draw, each in rank order as ``real`` is
         return [physics.compare(real, physics.concat([m[i + 1][d] for d in draws
                                                       for m in gathered]), epoch,
                                 generator=which)
