@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import abi, consumers, containers, hostlibs, hostmpi, matrix, mpis, preflight
@@ -56,24 +56,23 @@ class ContainerFacts:
 _FROM_THE_UID = {"USER": lambda: pwd.getpwuid(os.getuid()).pw_name}
 
 
-def gather(*, runtime: str, env: dict[str, str], **kwargs) -> ContainerFacts:
-    """All container facts, checked (:func:`_gather` says which), with the variables the
-    runtime needs and ``env`` lacks (a job without ``USER``, which ch-run refuses) taken
-    from the uid."""
-    facts = _gather(runtime=runtime, env=env, **kwargs)
-    missing = [name for name in containers.get_runtime(runtime).needs_env if not env.get(name)]
-    return replace(facts, runtime_env=tuple((name, _FROM_THE_UID[name]()) for name in missing))
+def runtime_env(runtime: str, env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables ``runtime`` needs and ``env`` lacks (a job without ``USER``, which
+    ch-run refuses), taken from the uid."""
+    return tuple((name, _FROM_THE_UID[name]())
+                 for name in containers.get_runtime(runtime).needs_env if not env.get(name))
 
 
-def _gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
-            site_path: str | None, env: dict[str, str], launcher: str | None,
-            srun_pmi: str | None, cache_dir: str, in_rank: bool,
-            family: str | None = None, command: str | None = None,
-            stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
+def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
+           site_path: str | None, env: dict[str, str], launcher: str | None,
+           srun_pmi: str | None, cache_dir: str, in_rank: bool,
+           family: str | None = None, command: str | None = None,
+           stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
     """All container facts, checked. Raises UserError on the first problem. ``stage``:
     copy the host libraries into the cache (False for ``--dry-run``: only name the place).
     ``argv`` (the command) says which of the image's MPI consumers it uses (:mod:`.matrix`)."""
     checks: list[str] = []
+    needs = runtime_env(runtime, env)
     binary = containers.find_binary(containers.get_runtime(runtime), env.get("PATH"))
     checks.append(f"runtime {runtime}: {binary}")
     preflight.check_image(image, HOST_MOUNT)
@@ -90,7 +89,7 @@ def _gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: 
                             "let hpcai-launch start the ranks, or leave --host-libs out")
         return ContainerFacts(runtime, binary, image, info, None, host_libs,
                               tuple(staged_libs(Path(host_libs))), site, tuple(checks),
-                              has_command=found, has_helper=has_helper)
+                              has_command=found, has_helper=has_helper, runtime_env=needs)
     if family is None and launcher is None:   # a rank started by srun: its PMI tells
         implied = abi.family_for_pmi(env.get("SLURM_MPI_TYPE", ""))
         family = implied.name if implied else None
@@ -98,7 +97,7 @@ def _gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: 
     if bind_host_mpi is False or (bind_host_mpi is None and host is None):
         checks.append("host MPI not bound" + ("" if host else ": none found"))
         return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks),
-                              has_command=found, has_helper=has_helper)
+                              has_command=found, has_helper=has_helper, runtime_env=needs)
     if host is None:
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
@@ -127,7 +126,7 @@ def _gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: 
     staged = str(hostlibs.stage(libs, cache) if stage else hostlibs.stage_dir(libs, cache))
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
                           tuple(checks), has_command=found, has_helper=has_helper,
-                          copied=stage)
+                          copied=stage, runtime_env=needs)
 
 
 def _decide(host, needed: list, image: str, env: dict[str, str], site: SiteProfile | None,
