@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -146,13 +147,10 @@ def epoch_records(out: Path) -> list[dict]:
 
 def recorded_time(records: list[dict], before: int) -> dict:
     """What a seed's epoch records say about every invocation that trained it."""
-    revisions: dict[str, int] = {}
-    for r in records:
-        rev = str(r.get("provenance", {}).get("git_revision"))
-        revisions[rev] = revisions.get(rev, 0) + 1
+    revisions = Counter(str(r.get("provenance", {}).get("git_revision")) for r in records)
     return {"epochs_before": before,
             "epoch_time_s_sum": round(sum(r["epoch_time_s"] for r in records), 1),
-            "epochs_by_revision": revisions}
+            "epochs_by_revision": dict(revisions)}
 
 
 def judged_side(validations: list[dict]) -> dict:

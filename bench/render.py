@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,10 +102,9 @@ def _learning_time(data: dict) -> str:
     runs = data["runs"]
     if not any(run.get("epochs_before") for run in runs):
         return wall
-    revisions: dict[str, int] = {}
+    revisions: Counter[str] = Counter()
     for run in runs:
-        for rev, n in run["epochs_by_revision"].items():
-            revisions[rev] = revisions.get(rev, 0) + n
+        revisions.update(run["epochs_by_revision"])
     trained = sum(run["epoch_time_s_sum"] for run in runs) / 60
     return (f"resumed: {wall} in its last invocation (the provenance is that invocation's), "
             f"{trained:.0f} min of training in all, epochs per commit "
