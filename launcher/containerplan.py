@@ -64,7 +64,7 @@ def runtime_env(runtime: str, env: dict[str, str]) -> tuple[tuple[str, str], ...
 
 
 def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: str | None,
-           site_path: str | None, env: dict[str, str], launcher: str | None,
+           site: SiteProfile | None, env: dict[str, str], launcher: str | None,
            srun_pmi: str | None, cache_dir: str, in_rank: bool,
            family: str | None = None, command: str | None = None,
            stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
@@ -79,7 +79,6 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     info = preflight.read_image(image)
     checks.append(f"image {image}: {info.kind}, MPI {info.mpi_family or 'none'} "
                   f"({info.mpi_soname or '-'}), glibc {preflight.format_version(info.glibc)}")
-    site = SiteProfile.load(site_path) if site_path else SiteProfile.from_env(env)
     found = image_has_command(image, command) if command else True
     helper = containers.get_runtime(runtime).read_only_helper
     has_helper = image_has_module(image, helper) if helper else False

@@ -99,7 +99,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
         container = containerplan.gather(
             runtime=options.runtime, image=options.container,
             bind_host_mpi=options.bind_host_mpi, host_libs=options.host_libs,
-            site_path=options.site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
+            site=site, env=env, launcher=mpi.launcher if mpi else options.mpirun,
             family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
             srun_pmi=srun_pmi, cache_dir=stage_root,
             in_rank=info is not None, command=options.command[0] if options.command else None,
