@@ -25,7 +25,15 @@ sampling fraction. Their difference, over its standard error from the generated 
 (``z``), checks the standard error the verdict leans on: with a right error, ``|z|`` exceeds 2
 in about one bin in twenty, and the sum of ``z²`` over the bins is about their number.
 
+With ``--standing`` it then measures the generator's BatchNorm statistics afresh for the
+checkpoint's weights (``training.averaging.standing_statistics`` on the batches the weight
+average uses: E' * z drawn as in training from a fixed seed) and judges it again on the same
+events and latent vectors (``standing`` in the JSON). The first judgement, with the moving
+statistics the checkpoint carries, is the control: the difference between the two is what the
+statistics, not the weights, do to each bin.
+
     python bench/rejudge.py RUN_DIR [--checkpoint PATH] [--events 512] [--draws 4] [--split]
+                                    [--standing]
 """
 
 from __future__ import annotations
@@ -78,6 +86,9 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=4)
     parser.add_argument("--split", action="store_true",
                         help="also judge each half of the draws apart (checks the error)")
+    parser.add_argument("--standing", action="store_true",
+                        help="also judge with the generator's BatchNorm statistics measured "
+                             "afresh for its weights")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     physics_file = args.run / "physics.json"
@@ -144,13 +155,24 @@ def main() -> int:
                          for v in [in_training, *in_training.get("others", [])]]),
         "validations": [entry(validations)],
         "split": None,
+        "standing": None,
     }
     if args.split:
         h = args.draws // 2
         halves = [validator.compare(gathered, task, epoch, draws)[0].to_dict()
                   for draws in (range(h), range(h, args.draws))]
         result["split"] = split_halves(*halves)
-    for side, rows in (("rejudged", result["judged"]), ("in training", result["in_training"])):
+    if args.standing:
+        from hpcai.training.averaging import standing_statistics
+        from hpcai.training.tasks import STANDING_SEED
+        batches = standing_statistics(task.G, task._generator_inputs())
+        again = validator.compare(validator.summaries(task), task, epoch)
+        result["standing"] = {
+            "batches": batches, "batch_size": cfg.batch_size, "seed": STANDING_SEED,
+            "judged": [{"generator": v.generator, "bins": bins_of(v.to_dict())} for v in again],
+            "validations": [entry(again)]}
+    for side, rows in (("rejudged", result["judged"]), ("in training", result["in_training"]),
+                       ("standing", (result.get("standing") or {}).get("judged"))):
         for g in rows or []:
             cells = "  ".join(f"{b['bin_gev']}: {b['sampling_fraction_rel_diff']:+.3f}"
                               + (f" ± {b['sampling_fraction_rel_se']:.3f}"

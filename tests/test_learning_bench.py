@@ -211,8 +211,10 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     """``bench/rejudge.py`` on a 1-rank run's last checkpoint, with the validation's own
     events and one draw, gives physics.json's numbers exactly. The control: two draws give
     other generated numbers on the same real events, and ``--split`` judges draw 0 alone as
-    the one-draw run did and draw 1 apart. A directory without a run, and ``--split`` with
-    an odd number of draws, are refused."""
+    the one-draw run did and draw 1 apart. ``--standing`` judges the same events again with
+    the generator's BatchNorm statistics measured afresh: the first judgement (the
+    checkpoint's statistics) stays physics.json's, the second differs. A directory without a
+    run, and ``--split`` with an odd number of draws, are refused."""
     from conftest import base_env, run
     from jobs import train
 
@@ -226,7 +228,7 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     for draws in (1, 2):
         path = tmp_path / f"rejudge{draws}.json"
         done = run([sys.executable, script, str(out), "--events", "8", "--draws", str(draws),
-                    "--json", str(path), *(["--split"] if draws == 2 else [])],
+                    "--json", str(path), *(["--split"] if draws == 2 else ["--standing"])],
                    base_env(), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         got[draws] = json.loads(path.read_text())
@@ -237,6 +239,14 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     assert one["validations"][0]["bins"] == physics["bins"]
     assert two["judged"][0]["bins"] != two["in_training"][0]["bins"]
     assert two["validations"][0]["draws"] == 2
+    # --standing: same events, fresh statistics, other generated numbers
+    standing = one["standing"]
+    assert two["standing"] is None and standing["batches"] == 16
+    assert [b["events"] for b in standing["judged"][0]["bins"]] == \
+        [b["events"] for b in one["judged"][0]["bins"]]
+    assert standing["judged"][0]["bins"] != one["judged"][0]["bins"]
+    assert [b["real"] for b in standing["validations"][0]["bins"]] == \
+        [b["real"] for b in physics["bins"]]
     assert [b["real"] for b in two["validations"][0]["bins"]] == \
         [b["real"] for b in physics["bins"]]
     # --split: the first half (draw 0) is the one-draw judgement exactly, the second differs
