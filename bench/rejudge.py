@@ -32,13 +32,22 @@ events and latent vectors (``standing`` in the JSON). The first judgement, with 
 statistics the checkpoint carries, is the control: the difference between the two is what the
 statistics, not the weights, do to each bin.
 
+With ``--batch-statistics`` it last judges the generator as it runs in the generator steps of
+training: BatchNorm normalising each batch of the run's batch size (consecutive held-out
+events, whose energies are as mixed as a training batch's) with that batch's own statistics
+(``batch_statistics`` in the JSON). The sampling-fraction term of the generator's loss is
+optimised in that mode, and the validation judges the other; a bin that is right here and
+wrong with the moving or standing statistics is a gap between the two modes, not in the
+weights.
+
     python bench/rejudge.py RUN_DIR [--checkpoint PATH] [--events 512] [--draws 4] [--split]
-                                    [--standing]
+                                    [--standing] [--batch-statistics]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -89,6 +98,9 @@ def main() -> int:
     parser.add_argument("--standing", action="store_true",
                         help="also judge with the generator's BatchNorm statistics measured "
                              "afresh for its weights")
+    parser.add_argument("--batch-statistics", action="store_true",
+                        help="also judge with BatchNorm on each batch's own statistics, as in "
+                             "the generator steps of training")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     physics_file = args.run / "physics.json"
@@ -156,6 +168,7 @@ def main() -> int:
         "validations": [entry(validations)],
         "split": None,
         "standing": None,
+        "batch_statistics": None,
     }
     if args.split:
         h = args.draws // 2
@@ -171,8 +184,22 @@ def main() -> int:
             "batches": batches, "batch_size": cfg.batch_size, "seed": STANDING_SEED,
             "judged": [{"generator": v.generator, "bins": bins_of(v.to_dict())} for v in again],
             "validations": [entry(again)]}
+    if args.batch_statistics:
+        for m in task.G.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                # without moving statistics BatchNorm uses the batch's, also in eval mode
+                m.running_mean = m.running_var = m.num_batches_tracked = None
+                m.track_running_stats = False
+        task.physics_pass = functools.partial(type(task).physics_pass, task,
+                                              chunk=cfg.batch_size)
+        again = validator.compare(validator.summaries(task), task, epoch)
+        result["batch_statistics"] = {
+            "batch_size": cfg.batch_size,
+            "judged": [{"generator": v.generator, "bins": bins_of(v.to_dict())} for v in again],
+            "validations": [entry(again)]}
     for side, rows in (("rejudged", result["judged"]), ("in training", result["in_training"]),
-                       ("standing", (result.get("standing") or {}).get("judged"))):
+                       ("standing", (result["standing"] or {}).get("judged")),
+                       ("batch stats", (result["batch_statistics"] or {}).get("judged"))):
         for g in rows or []:
             cells = "  ".join(f"{b['bin_gev']}: {b['sampling_fraction_rel_diff']:+.3f}"
                               + (f" ± {b['sampling_fraction_rel_se']:.3f}"

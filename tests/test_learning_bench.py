@@ -213,7 +213,8 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     other generated numbers on the same real events, and ``--split`` judges draw 0 alone as
     the one-draw run did and draw 1 apart. ``--standing`` judges the same events again with
     the generator's BatchNorm statistics measured afresh: the first judgement (the
-    checkpoint's statistics) stays physics.json's, the second differs. A directory without a
+    checkpoint's statistics) stays physics.json's, the second differs; ``--batch-statistics``
+    (BatchNorm on each batch's own statistics, as in training) differs from both. A directory without a
     run, and ``--split`` with an odd number of draws, are refused."""
     from conftest import base_env, run
     from jobs import train
@@ -228,7 +229,7 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     for draws in (1, 2):
         path = tmp_path / f"rejudge{draws}.json"
         done = run([sys.executable, script, str(out), "--events", "8", "--draws", str(draws),
-                    "--json", str(path), *(["--split"] if draws == 2 else ["--standing"])],
+                    "--json", str(path), *(["--split"] if draws == 2 else ["--standing", "--batch-statistics"])],
                    base_env(), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         got[draws] = json.loads(path.read_text())
@@ -245,6 +246,10 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     assert [b["events"] for b in standing["judged"][0]["bins"]] == \
         [b["events"] for b in one["judged"][0]["bins"]]
     assert standing["judged"][0]["bins"] != one["judged"][0]["bins"]
+    batch = one["batch_statistics"]
+    assert two["batch_statistics"] is None and batch["batch_size"] == 2
+    assert batch["judged"][0]["bins"] not in (one["judged"][0]["bins"],
+                                              standing["judged"][0]["bins"])
     assert [b["real"] for b in standing["validations"][0]["bins"]] == \
         [b["real"] for b in physics["bins"]]
     assert [b["real"] for b in two["validations"][0]["bins"]] == \
