@@ -98,8 +98,12 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     proc = subprocess.Popen(argv, env=loopback_env(), text=True)
     try:
         while proc.poll() is None:
-            if time.monotonic() - start > args.timeout:
-                raise SystemExit(f"error: seed {seed}: no result within {args.timeout:.0f} s")
+            if args.timeout and time.monotonic() - start > args.timeout:
+                proc.send_signal(signal.SIGTERM)   # a checkpoint, then exit
+                proc.wait(timeout=300)
+                raise SystemExit(f"error: seed {seed}: no result within {args.timeout:.0f} s\n"
+                                 "hint: raise --timeout (0: none), or run again with "
+                                 "--train-arg=--resume to continue from its checkpoint")
             if args.deadline and time.monotonic() - start > args.deadline:
                 print(f"seed {seed}: --deadline {args.deadline:.0f} s reached, stopping it "
                       "(SIGTERM: a checkpoint, then exit)", flush=True)
@@ -376,7 +380,9 @@ def main() -> int:
     parser.add_argument("--validate-events", type=int, default=128)
     parser.add_argument("--validate-draws", type=int, default=1,
                         help="generated showers per held-out event (train --validate-draws)")
-    parser.add_argument("--timeout", type=float, default=3600, help="per seed (s)")
+    parser.add_argument("--timeout", type=float, default=0,
+                        help="per seed (s); 0 (default): none, a hung rank is ended by "
+                        "train's stall watchdog")
     parser.add_argument("--train-arg", dest="train_args", action="append", default=[],
                         metavar="ARG", help="passed on to train 3dgan, e.g. "
                         "--train-arg=--optimizer --train-arg=rmsprop (repeatable)")

@@ -301,3 +301,21 @@ def test_a_seed_resumed_over_two_invocations_keeps_both_in_its_record(tmp_path):
     said = render._learning_time(got[1])
     assert said.startswith("resumed: ") and "in its last invocation" in said
     assert said.endswith(f"epochs per commit {next(iter(second['epochs_by_revision']))[:10]} 2")
+
+
+@pytest.mark.mpi
+def test_a_seed_past_its_timeout_is_stopped_with_a_hint(tmp_path):
+    """``--timeout`` (off by default: the 1280-step budget runs for hours) stops a seed that
+    takes longer (SIGTERM, which the trainer answers with a checkpoint once it is training) and
+    says how to go on; the control is the same run without it, in the test above."""
+    from conftest import base_env, run
+
+    script = str(REPO / "bench" / "learning.py")
+    done = run([sys.executable, script, "--seeds", "1", "--epochs", "50", "--max-steps", "1",
+                "--batch-size", "2", "--events", "24", "--validate-events", "8",
+                "--workdir", str(tmp_path / "work"), "--json", str(tmp_path / "l.json"),
+                "--timeout", "3"], base_env(), timeout=600, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "error: seed 1: no result within 3 s" in done.stderr
+    assert "hint: raise --timeout (0: none)" in done.stderr
+    assert not (tmp_path / "l.json").exists()
