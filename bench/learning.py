@@ -32,7 +32,7 @@ average, and the JSON's ``raw_generator`` judges the raw generator of the same r
 event: the control that says whether the average made the difference.
 
 A seed whose generator has died (every generated shower empty in ``--stop-dead``
-validations in a row, default 2) is stopped early with SIGTERM and fails: the output ReLU then
+validations in a row, default 2) is stopped early (SIGUSR1, see ``preempt``) and fails: the output ReLU then
 passes no gradient. The JSON is rewritten after every seed (``complete`` false until all ran).
 
 With ``--train-arg=--resume`` a seed continues its run directory (``--workdir``) from its last
@@ -81,6 +81,14 @@ ALIVE_EMPTY = 0.5   # at most this share of generated showers empty: an empty sh
                     # profile distance is 1, so a dying generator can "halve" a distance
 
 
+def preempt(proc: subprocess.Popen) -> None:
+    """Stop a seed's job as a preemption does: the ranks checkpoint and exit. SIGUSR1, not
+    SIGTERM: ``hpcai-launch`` has become ``mpirun``, which forwards SIGUSR1 to the ranks (the
+    trainer treats it as SIGTERM) but ends them itself on SIGTERM, before a step can finish."""
+    proc.send_signal(signal.SIGUSR1)
+    proc.wait(timeout=300)
+
+
 def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"seed{seed}"
     argv = ["hpcai-launch", "-N", str(args.ranks), *args.launch_args, "--", "train", "3dgan",
@@ -99,25 +107,22 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
     try:
         while proc.poll() is None:
             if args.timeout and time.monotonic() - start > args.timeout:
-                proc.send_signal(signal.SIGTERM)   # a checkpoint, then exit
-                proc.wait(timeout=300)
+                preempt(proc)
                 raise SystemExit(f"error: seed {seed}: no result within {args.timeout:.0f} s\n"
                                  "hint: raise --timeout (0: none), or run again with "
                                  "--train-arg=--resume to continue from its checkpoint")
             if args.deadline and time.monotonic() - start > args.deadline:
                 print(f"seed {seed}: --deadline {args.deadline:.0f} s reached, stopping it "
-                      "(SIGTERM: a checkpoint, then exit)", flush=True)
+                      "(SIGUSR1: a checkpoint, then exit)", flush=True)
                 deadline_hit = True
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=300)
+                preempt(proc)
                 break
             dead_at = dead_epoch(out / "physics.json", args.stop_dead)
             if dead_at is not None:
                 print(f"seed {seed}: every generated shower empty in {args.stop_dead} "
                       f"validations in a row (epoch {dead_at}): the output ReLU passes no "
                       "gradient, stopping this seed", flush=True)
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=300)
+                preempt(proc)
                 break
             time.sleep(5)
     finally:
@@ -390,7 +395,7 @@ def main() -> int:
                         help="stop a seed after K validations in a row with every generated "
                         "shower empty (0: never); the seed then fails")
     parser.add_argument("--deadline", type=float, default=0, metavar="S",
-                        help="stop each seed (SIGTERM) after S seconds and judge every seed "
+                        help="stop each seed (SIGUSR1: a checkpoint) after S seconds and judge every seed "
                         "at the last validation all of them reached (0: run every epoch)")
     parser.add_argument("--launch-arg", dest="launch_args", action="append", default=[],
                         metavar="ARG", help="passed on to hpcai-launch, e.g. "
