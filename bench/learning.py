@@ -32,8 +32,9 @@ average, and the JSON's ``raw_generator`` judges the raw generator of the same r
 event: the control that says whether the average made the difference.
 
 A seed whose generator has died (every generated shower empty in ``--stop-dead``
-validations in a row, default 2) is stopped early (SIGUSR1, see ``preempt``) and fails: the output ReLU then
-passes no gradient. The JSON is rewritten after every seed (``complete`` false until all ran).
+validations in a row, default 2) is stopped early (SIGUSR1, see ``preempt``) and fails: the
+output ReLU then passes no gradient. The JSON is rewritten after every seed (``complete``
+false until all ran).
 
 With ``--train-arg=--resume`` a seed continues its run directory (``--workdir``) from its last
 checkpoint, and a finished seed is read back at once, so a budget longer than one sitting is
@@ -395,8 +396,9 @@ def main() -> int:
                         help="stop a seed after K validations in a row with every generated "
                         "shower empty (0: never); the seed then fails")
     parser.add_argument("--deadline", type=float, default=0, metavar="S",
-                        help="stop each seed (SIGUSR1: a checkpoint) after S seconds and judge every seed "
-                        "at the last validation all of them reached (0: run every epoch)")
+                        help="stop each seed (SIGUSR1: a checkpoint) after S seconds and judge "
+                        "every seed at the last validation all of them reached (0: run every "
+                        "epoch)")
     parser.add_argument("--launch-arg", dest="launch_args", action="append", default=[],
                         metavar="ARG", help="passed on to hpcai-launch, e.g. "
                         "--launch-arg=--threads-per-rank --launch-arg=2 (repeatable)")

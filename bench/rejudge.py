@@ -65,6 +65,11 @@ def bins_of(v: dict) -> list[dict]:
             for b in v["bins"] if b["events"]]
 
 
+def judged_rows(validations) -> list[dict]:
+    """Per generator judged: its name and :func:`bins_of` its comparison."""
+    return [{"generator": v.generator, "bins": bins_of(v.to_dict())} for v in validations]
+
+
 def split_halves(a: dict, b: dict) -> dict:
     """Per bin, the first and second half's generated/real - 1, their difference and its
     standard error from the generated side only (the real events are the same in both)."""
@@ -159,8 +164,7 @@ def main() -> int:
         "global_step": state["global_step"], "config": state["config"],
         "settings": {"events": validator.total, "draws": args.draws,
                      "held_out": doc["held_out"], "batchnorm_statistics": "rank 0's"},
-        "judged": [{"generator": v.generator, "bins": bins_of(v.to_dict())}
-                   for v in validations],
+        "judged": judged_rows(validations),
         "in_training": (None if in_training is None else
                         [{"generator": v.get("generator", "raw"), "events": v["events"],
                           "bins": bins_of(v)}
@@ -182,8 +186,7 @@ def main() -> int:
         again = validator.compare(validator.summaries(task), task, epoch)
         result["standing"] = {
             "batches": batches, "batch_size": cfg.batch_size, "seed": STANDING_SEED,
-            "judged": [{"generator": v.generator, "bins": bins_of(v.to_dict())} for v in again],
-            "validations": [entry(again)]}
+            "judged": judged_rows(again), "validations": [entry(again)]}
     if args.batch_statistics:
         for m in task.G.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
@@ -195,8 +198,7 @@ def main() -> int:
         again = validator.compare(validator.summaries(task), task, epoch)
         result["batch_statistics"] = {
             "batch_size": cfg.batch_size,
-            "judged": [{"generator": v.generator, "bins": bins_of(v.to_dict())} for v in again],
-            "validations": [entry(again)]}
+            "judged": judged_rows(again), "validations": [entry(again)]}
     for side, rows in (("rejudged", result["judged"]), ("in training", result["in_training"]),
                        ("standing", (result["standing"] or {}).get("judged")),
                        ("batch stats", (result["batch_statistics"] or {}).get("judged"))):

@@ -217,8 +217,8 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     the one-draw run did and draw 1 apart. ``--standing`` judges the same events again with
     the generator's BatchNorm statistics measured afresh: the first judgement (the
     checkpoint's statistics) stays physics.json's, the second differs; ``--batch-statistics``
-    (BatchNorm on each batch's own statistics, as in training) differs from both. A directory without a
-    run, and ``--split`` with an odd number of draws, are refused."""
+    (BatchNorm on each batch's own statistics, as in training) differs from both. A directory
+    without a run, and ``--split`` with an odd number of draws, are refused."""
     from conftest import base_env, run
     from jobs import train
 
@@ -232,7 +232,8 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     for draws in (1, 2):
         path = tmp_path / f"rejudge{draws}.json"
         done = run([sys.executable, script, str(out), "--events", "8", "--draws", str(draws),
-                    "--json", str(path), *(["--split"] if draws == 2 else ["--standing", "--batch-statistics"])],
+                    "--json", str(path),
+                    *(["--split"] if draws == 2 else ["--standing", "--batch-statistics"])],
                    base_env(), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         got[draws] = json.loads(path.read_text())
@@ -309,8 +310,8 @@ def test_a_seed_resumed_over_two_invocations_keeps_both_in_its_record(tmp_path):
 @pytest.mark.mpi
 def test_a_seed_past_its_timeout_is_stopped_with_a_hint(tmp_path):
     """``--timeout`` (off by default: the 1280-step budget runs for hours) stops a seed that
-    takes longer (SIGTERM, which the trainer answers with a checkpoint once it is training) and
-    says how to go on; the control is the same run without it, in the test above."""
+    takes longer (SIGUSR1, which the trainer answers with a checkpoint once it is training)
+    and says how to go on; the control is the same run without it, in the test above."""
     from conftest import base_env, run
 
     script = str(REPO / "bench" / "learning.py")
