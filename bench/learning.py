@@ -83,9 +83,9 @@ ALIVE_EMPTY = 0.5   # at most this share of generated showers empty: an empty sh
 
 
 def preempt(proc: subprocess.Popen) -> None:
-    """Stop a seed's job as a preemption does: the ranks checkpoint and exit. SIGUSR1, not
-    SIGTERM: ``hpcai-launch`` has become ``mpirun``, which forwards SIGUSR1 to the ranks (the
-    trainer treats it as SIGTERM) but ends them itself on SIGTERM, before a step can finish."""
+    """Stop a seed's job as a preemption does: the ranks checkpoint and exit. SIGUSR1 (the
+    trainer treats it as SIGTERM), which every MPI's launcher passes on to the ranks as it
+    is; SIGTERM reaches them through ``hpcai-launch``'s relay (tests/test_signals.py)."""
     proc.send_signal(signal.SIGUSR1)
     proc.wait(timeout=300)
 

@@ -299,8 +299,7 @@ class _Launch:
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
             jobplan.write(self.job.path, key, rank_template(options, facts))
         from .execute import exec_plan
-        exec_plan(plan, report_bindings=options.report_bindings)
-        return 0  # not reached: exec_plan replaces the process
+        return exec_plan(plan, report_bindings=options.report_bindings)
 
     def report(self, exc: UserError) -> None:
         if self.loud:

@@ -1,8 +1,13 @@
-"""The thin layer that carries out a :class:`LaunchPlan`: links, binding, one exec."""
+"""The thin layer that carries out a :class:`LaunchPlan`: links, binding, one exec, or,
+where the plan relays signals, one child that hpcai-launch waits for."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
+import subprocess
 import sys
 from typing import TYPE_CHECKING
 
@@ -58,14 +63,82 @@ def binding_report(info: RankInfo, bind_cpus: tuple[int, ...] | None, threads: s
     return line, ok
 
 
-def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> None:
-    """Replace this process with the planned command (never returns on success)."""
+def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> int:
+    """Replace this process with the planned command (never returns on success), or, where
+    the plan relays signals, run it as a child and return its exit status."""
     if plan.mode == "rank":
         assert plan.rank is not None
         exec_rank(plan.argv, plan.env_dict(), plan.compat_links, plan.rank, plan.bind_cpus,
                   plan.warnings, report_bindings)
     make_compat_links(plan.compat_links)
+    if plan.relay:
+        from .plan import RELAYED_AS_IS
+        return run_relaying(plan.argv, plan.env_dict(), dict(plan.relay), RELAYED_AS_IS)
     _exec(plan.argv, plan.env_dict())
+    return 0  # not reached
+
+
+def run_relaying(argv: tuple[str, ...], plan_env: dict[str, str], relay: dict[str, str],
+                 as_is: tuple[str, ...]) -> int:
+    """Run ``argv`` in a process group of its own and pass signals on to it: the first of
+    each ``relay`` key as its value, every later one and those in ``as_is`` unchanged. A
+    signal to this process's group (``timeout``) so reaches the child only as relayed.
+
+    As a shell does with a job: if this process has the terminal in the foreground, the
+    child's group gets it while it runs (keyboard input and Ctrl-C go to the child, as after
+    an exec). Returns the child's exit status; if a signal ended it, ends this process with
+    the same signal. If this process dies first, the child gets SIGTERM (PR_SET_PDEATHSIG)."""
+    env = dict(os.environ)
+    env.update(plan_env)
+    first = {getattr(signal, got): getattr(signal, sent) for got, sent in relay.items()}
+    tty = _foreground_terminal()
+    try:
+        child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_die_with_parent)
+    except OSError as exc:
+        raise UserError(f"cannot start {argv[0]}: {exc.strerror}",
+                        "check that the program exists and is executable") from exc
+
+    def relay_one(signum: int, _frame: object) -> None:
+        child.send_signal(first.pop(signum, signum))
+
+    for name in (*relay, *as_is):
+        signal.signal(getattr(signal, name), relay_one)
+    _give_terminal(tty, child.pid)
+    code = child.wait()     # restarted after each handler (PEP 475)
+    _give_terminal(tty, os.getpgrp())
+    if code >= 0:
+        return code
+    with contextlib.suppress(OSError, ValueError):      # SIGKILL cannot be set
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+    return 128 - code       # a signal whose default is not to end the process
+
+
+def _foreground_terminal() -> int | None:
+    """stdin's descriptor if it is a terminal whose foreground group is this process's."""
+    try:
+        fd = sys.stdin.fileno()
+        return fd if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _give_terminal(fd: int | None, pgrp: int) -> None:
+    """Make ``pgrp`` the terminal's foreground group (SIGTTOU ignored meanwhile)."""
+    if fd is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgrp)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux prctl)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str, str], ...],

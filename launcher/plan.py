@@ -32,6 +32,10 @@ from .topology import Topology, allowed_env
 if TYPE_CHECKING:
     from .containerplan import ContainerFacts
 
+# Signals hpcai-launch passes on unchanged when it runs the launcher as a child.
+RELAYED_AS_IS = ("SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
 @dataclass(frozen=True)
 class RankPlan:
     """One local rank's binding and environment."""
@@ -59,6 +63,20 @@ class LaunchPlan:
     notes: tuple[str, ...] = field(default=())
     container: ContainerFacts | None = None
     warnings: tuple[str, ...] = ()         # said by rank 0 when the plan is carried out
+    relay: tuple[tuple[str, str], ...] = ()  # (signal to hpcai-launch, signal it sends the
+                                             # launcher instead), the first time it comes;
+                                             # non-empty: the launcher runs as a child
+
+    def relay_text(self) -> str:
+        """What happens to a signal sent to hpcai-launch, for the printed plan."""
+        launcher = Path(self.argv[0]).name if self.argv else "the launcher"
+        if not self.relay:
+            return f"hpcai-launch becomes {launcher} (exec): signals reach it directly"
+        turns = ", ".join(f"{got} as {sent}" for got, sent in self.relay)
+        names = ", ".join(sorted({got for got, _ in self.relay}))
+        return (f"{launcher} runs in its own process group; hpcai-launch passes on {turns} "
+                f"(a second {names} as it is), {', '.join(RELAYED_AS_IS)} as they are, "
+                f"and exits as {launcher} does")
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -86,6 +104,7 @@ class LaunchPlan:
             "container": self.container.to_dict() if self.container else None,
             "notes": list(self.notes),
             "warnings": list(self.warnings),
+            "relay": dict(self.relay),
         }
         return data
 
@@ -131,6 +150,8 @@ class LaunchPlan:
                 "the rank's environment passes through, LD_LIBRARY_PATH included"))
         lines.append("argv:")
         lines.append("  " + " ".join(_quote(a) for a in self.argv))
+        if self.mode != "rank":
+            lines.append(f"signals:   {self.relay_text()}")
         lines.extend(f"note:      {n}" for n in self.notes)
         lines.extend(f"warning:   {w}" for w in self.warnings)
         return "\n".join(lines)
@@ -287,10 +308,11 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
     argv += flavour.binding_args(placement)
     argv += flavour.env_args(env)
     argv += [*facts.self_argv, *wrapper_argv(options, rpn, facts.container)]
+    relay = (("SIGTERM", flavour.stop_signal),) if flavour.stop_signal else ()
     return LaunchPlan(mode="mpirun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=mpi, compat_links=links, notes=tuple(notes),
-                      container=facts.container)
+                      container=facts.container, relay=relay)
 
 
 def srun_line(options: Options, pmi: str | None, placement: Placement, topology: Topology,

