@@ -341,3 +341,25 @@ def test_deadline_preempts_the_ranks_so_they_checkpoint_mid_epoch(tmp_path):
     assert [p for p in (work / "seed1" / "checkpoints").glob("ckpt-*.pt")
             if not p.name.endswith("-S000000.pt")], "no checkpoint within the epoch"
 
+
+def test_data_response_is_flat_for_generated_files_and_sees_a_scaled_bin(tmp_path):
+    """``bench/data_response.py`` on files ``--generate`` writes: every bin's Σcells ÷ f(E')
+    is 1 within 1 %. The control scales the 100-200 GeV bin's cells by 0.8 and must read
+    -20 % there (and over the 200-300 GeV bin), the other bins unchanged."""
+    from hpcai.training.showers import generate
+    generate(tmp_path / "data", n_files=1, events_per_file=300, seed=5)
+    script = str(REPO / "bench" / "data_response.py")
+    docs = {}
+    for name, extra in (("plain", []), ("scaled", ["--scale-bin", "100:200:0.8"])):
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run([sys.executable, script, str(tmp_path / "data"), "--json",
+                               str(out), *extra], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        [docs[name]] = json.loads(out.read_text())["files"]
+    for plain, scaled in zip(docs["plain"]["bins"], docs["scaled"]["bins"]):
+        assert plain["n"] > 20 and abs(plain["response"]) < 0.01, plain
+        if plain["bin_gev"] == [100.0, 200.0]:
+            assert scaled["response"] == pytest.approx(0.8 * (1 + plain["response"]) - 1)
+            assert scaled["ratio_to_reference"] == pytest.approx(-0.2, abs=0.015)
+        else:
+            assert scaled == plain
