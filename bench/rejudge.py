@@ -47,7 +47,6 @@ weights.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import sys
@@ -188,14 +187,8 @@ def main() -> int:
             "batches": batches, "batch_size": cfg.batch_size, "seed": STANDING_SEED,
             "judged": judged_rows(again), "validations": [entry(again)]}
     if args.batch_statistics:
-        for m in task.G.modules():
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                # without moving statistics BatchNorm uses the batch's, also in eval mode
-                m.running_mean = m.running_var = m.num_batches_tracked = None
-                m.track_running_stats = False
-        task.physics_pass = functools.partial(type(task).physics_pass, task,
-                                              chunk=cfg.batch_size)
-        again = validator.compare(validator.summaries(task), task, epoch)
+        again = validator.compare(validator.summaries(task, batch_chunk=cfg.batch_size), task,
+                                  epoch)
         result["batch_statistics"] = {
             "batch_size": cfg.batch_size,
             "judged": judged_rows(again), "validations": [entry(again)]}

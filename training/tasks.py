@@ -177,13 +177,15 @@ class GanTask:
 
     @torch.no_grad()
     def physics_pass(self, x: np.ndarray, e: np.ndarray, z: np.ndarray, chunk: int = 32,
-                     generator: str = "raw", real: bool = True
+                     generator: str = "raw", real: bool = True, batch_statistics: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(G(E' z) in GeV, aux of D on x, aux of D on G(E' z)) as NumPy, both networks in
         inference mode (moving BatchNorm statistics, no dropout), their modes restored
         afterwards. ``x`` is in GeV, as read. ``generator``: one of :attr:`generators`;
         ``real`` False: D is not run on ``x`` (its aux comes back empty), for a second
-        generator on the same events."""
+        generator on the same events. ``batch_statistics``: G as the generator steps run it,
+        its BatchNorm normalising each ``chunk`` of events with that chunk's own statistics
+        (the moving ones untouched)."""
         if generator not in self.generators:
             raise ValueError(f"no generator {generator!r} here: {self.generators}")
         G = self.G if generator == "raw" else self.average.module()
@@ -192,16 +194,17 @@ class GanTask:
         self.D.eval()
         generated, aux_real, aux_gen = [], [np.zeros(0, np.float32)], []
         try:
-            for start in range(0, len(e), chunk):
-                es = torch.from_numpy(e[start:start + chunk]).to(self.device).view(-1, 1)
-                gs = G(es * torch.from_numpy(z[start:start + chunk]).to(self.device))
-                generated.append((gs / self.cell_scale).contiguous().cpu().numpy())
-                aux_gen.append(self.D(gs)[1].view(-1).cpu().numpy())
-                if real:
-                    xs = self._to_network(x[start:start + chunk])
-                    if self.channels_last:
-                        xs = xs.contiguous(memory_format=torch.channels_last_3d)
-                    aux_real.append(self.D(xs)[1].view(-1).cpu().numpy())
+            with _batch_statistics(G) if batch_statistics else contextlib.nullcontext():
+                for start in range(0, len(e), chunk):
+                    es = torch.from_numpy(e[start:start + chunk]).to(self.device).view(-1, 1)
+                    gs = G(es * torch.from_numpy(z[start:start + chunk]).to(self.device))
+                    generated.append((gs / self.cell_scale).contiguous().cpu().numpy())
+                    aux_gen.append(self.D(gs)[1].view(-1).cpu().numpy())
+                    if real:
+                        xs = self._to_network(x[start:start + chunk])
+                        if self.channels_last:
+                            xs = xs.contiguous(memory_format=torch.channels_last_3d)
+                        aux_real.append(self.D(xs)[1].view(-1).cpu().numpy())
         finally:
             for m, mode in modes:
                 m.training = mode

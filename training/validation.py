@@ -72,9 +72,12 @@ class PhysicsValidator:
         gathered = self.summaries(task)
         return None if gathered is None else self.compare(gathered, task, epoch)
 
-    def summaries(self, task) -> list | None:
+    def summaries(self, task, batch_chunk: int | None = None) -> list | None:
         """Collective: every rank summarises its real showers and, per generator and draw,
-        its generated ones; rank 0 gets every rank's (in rank order), the others None."""
+        its generated ones; rank 0 gets every rank's (in rank order), the others None. With
+        ``batch_chunk`` the generators run as in their training steps: BatchNorm on each
+        ``batch_chunk`` consecutive events' own statistics (``physics_pass``)."""
+        how = {} if batch_chunk is None else {"chunk": batch_chunk, "batch_statistics": True}
         x, e = self._real_events()
         e_gev = e.astype(np.float64) * ENERGY_SCALE_GEV
         aux_real = np.zeros(0)
@@ -86,7 +89,7 @@ class PhysicsValidator:
                 if len(e):
                     first = k == 0 and d == 0             # D on x once, in the first pass
                     showers, aux_x, aux = task.physics_pass(x, e, z, generator=which,
-                                                            real=first)
+                                                            real=first, **how)
                     if first:
                         aux_real = aux_x
                 parts.append(physics.summarise(showers, e_gev, aux))
