@@ -99,7 +99,14 @@ def run_relaying(argv: tuple[str, ...], plan_env: dict[str, str], relay: dict[st
                         "check that the program exists and is executable") from exc
 
     def relay_one(signum: int, _frame: object) -> None:
-        child.send_signal(first.pop(signum, signum))
+        sent = first.pop(signum, signum)
+        if sent != signum:
+            name = signal.Signals(signum).name
+            os.write(sys.stderr.fileno(), (
+                f"hpcai-launch: {name}: passed on to {os.path.basename(argv[0])} as "
+                f"{signal.Signals(sent).name}, so the ranks can checkpoint and stop; "
+                f"{name} again stops them now\n").encode())
+        child.send_signal(sent)
 
     for name in (*relay, *as_is):
         signal.signal(getattr(signal, name), relay_one)

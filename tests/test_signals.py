@@ -101,6 +101,8 @@ def test_sigterm_to_hpcai_launch_lets_every_rank_checkpoint(name, tmp_path):
     want = ["ready", f"signal {_stop_number(job.flavour)}", "checkpoint"]
     assert list(job.ranks().values()) == [want, want], text
     assert code == 0, text
+    said = "SIGTERM: passed on to" in text
+    assert said == bool(job.flavour.stop_signal), text
 
 
 @pytest.mark.parametrize("name", ["openmpi", "openmpi@5"])
