@@ -7,6 +7,7 @@ directly. Killing hpcai-launch takes the job with it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from conftest import FLAVOURS, base_env
 from hpcai.launcher.abi import FLAVOURS as RECORDS
 from jobs import wait_for
+from test_image import image  # noqa: F401 - the built image (fixture)
 
 pytestmark = pytest.mark.mpi
 OPT = Path(sys.prefix) / "opt"                     # the PyPI MPI wheels (scripts/install.sh)
@@ -210,3 +212,38 @@ def test_a_terminal_stays_with_the_job(tmp_path):
         typed.wait()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "got hello" in done.stdout
+
+
+@pytest.mark.container
+@pytest.mark.parametrize("target", ["hpcai-launch", "its mpirun (control)"])
+def test_in_charliecloud_the_ranks_checkpoint_too(target, image, tmp_path):
+    """The same stop with the ranks in the image (``--container``, Open MPI's mpirun on the
+    host): SIGTERM to hpcai-launch reaches them through ch-run as SIGUSR1. The control sends
+    SIGTERM to the mpirun under it: the ranks end without their checkpoint."""
+    from test_image import image_env
+
+    shutil.copy(PROGRAM, tmp_path / "stop_marker.py")     # the work dir is bound in
+    (tmp_path / "out").mkdir()
+    proc = subprocess.Popen(["hpcai-launch", "-N", "2", "--container", str(image), "--",
+                             "python3", "stop_marker.py", "out"], env=image_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path, start_new_session=True)
+    ranks = tmp_path / "out"
+    try:
+        wait_for(lambda: proc.poll() is not None or (
+            len(files := list(ranks.iterdir())) == 2
+            and all("ready" in f.read_text() for f in files)), 120, "both ranks")
+        [mpirun] = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                    .read_text().split()]
+        os.kill(proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
+        text = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = [f.read_text().split("\n")[:-1] for f in ranks.iterdir()]
+    if target == "hpcai-launch":
+        want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
+        assert said == [want, want] and proc.returncode == 0, text
+    else:
+        assert said == [["ready", "signal 15"]] * 2 and proc.returncode != 0, text
