@@ -1,5 +1,5 @@
-"""Stopping a bare ``hpcai-launch`` run: SIGTERM to it reaches every rank as a stop they can
-act on (checkpoint, exit), under each MPI's own launcher. Open MPI's mpirun ends the ranks
+"""Stopping an ``hpcai-launch`` run outside Slurm: SIGTERM to it reaches every rank as a stop
+they can act on (checkpoint, exit), under each MPI's own launcher, bare and in Charliecloud. Open MPI's mpirun ends the ranks
 itself about 2 s after a SIGTERM, so for it hpcai-launch runs mpirun as a child and relays
 SIGTERM as SIGUSR1 (``Flavour.stop_signal``); the control sends SIGTERM to that mpirun
 directly. Killing hpcai-launch takes the job with it."""
@@ -43,29 +43,36 @@ def _launcher(name: str) -> tuple[str, str, dict[str, str]]:
 
 
 class Job:
-    """``hpcai-launch -N 2 -- python stop_marker.py OUT`` in a session of its own."""
+    """``hpcai-launch [LAUNCH] -N 2 -- PYTHON stop_marker.py OUT`` in a session of its own,
+    started and waited for until both ranks catch their signals. ``Job.on(name, out)``:
+    under the MPI ``name`` of :data:`LAUNCHERS`, bare."""
 
-    def __init__(self, name: str, out: Path) -> None:
-        flavour, launcher, env = _launcher(name)
-        self.flavour, self.out = RECORDS[flavour], out
-        out.mkdir()
+    def __init__(self, launch: list[str], env: dict[str, str], out: Path,
+                 command: tuple[str, ...] = (sys.executable, PROGRAM), cwd: Path | None = None,
+                 flavour: str = "openmpi") -> None:
+        self.flavour, self.dir = RECORDS[flavour], (cwd or Path()) / out
+        self.dir.mkdir()
         self.proc = subprocess.Popen(
-            ["hpcai-launch", "--mpi", flavour, "--mpirun", launcher, "-N", "2", "--",
-             sys.executable, PROGRAM, str(out)], env=base_env(**env),
+            ["hpcai-launch", *launch, "-N", "2", "--", *command, str(out)], env=env, cwd=cwd,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         wait_for(lambda: self._ready() or self.proc.poll() is not None, 120, "both ranks")
         assert self.proc.poll() is None, self.proc.communicate()[0]
 
+    @classmethod
+    def on(cls, name: str, out: Path) -> Job:
+        flavour, launcher, env = _launcher(name)
+        return cls(["--mpi", flavour, "--mpirun", launcher], base_env(**env), out,
+                   flavour=flavour)
+
     def _ready(self) -> bool:
-        files = list(self.out.iterdir())
+        files = list(self.dir.iterdir())
         return len(files) == 2 and all("ready" in f.read_text() for f in files)
 
     def ranks(self) -> dict[int, list[str]]:
-        return {int(f.name): f.read_text().split("\n")[:-1] for f in self.out.iterdir()}
+        return {int(f.name): f.read_text().split("\n")[:-1] for f in self.dir.iterdir()}
 
     def children(self) -> list[int]:
-        return [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
-                .read_text().split()]
+        return children(self.proc.pid)
 
     def finish(self) -> tuple[int, str]:
         try:
@@ -79,6 +86,10 @@ class Job:
                 os.kill(pid, signal.SIGKILL)
         if self.proc.poll() is None:
             self.proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def _alive(pid: int) -> bool:
@@ -97,7 +108,7 @@ def _stop_number(flavour) -> int:
 def test_sigterm_to_hpcai_launch_lets_every_rank_checkpoint(name, tmp_path):
     """The ranks get the flavour's stop signal (Open MPI: SIGUSR1, relayed; hydra: SIGTERM
     itself), finish their 3 s checkpoint, and hpcai-launch exits 0 as the launcher does."""
-    job = Job(name, tmp_path / "out")
+    job = Job.on(name, tmp_path / "out")
     os.kill(job.proc.pid, signal.SIGTERM)
     code, text = job.finish()
     want = ["ready", f"signal {_stop_number(job.flavour)}", "checkpoint"]
@@ -111,7 +122,7 @@ def test_sigterm_to_hpcai_launch_lets_every_rank_checkpoint(name, tmp_path):
 def test_control_sigterm_to_open_mpis_launcher_itself_ends_the_ranks_first(name, tmp_path):
     """Why Open MPI's record has a stop signal: its mpirun, sent SIGTERM directly (hpcai-launch
     bypassed), passes SIGTERM on but ends the ranks before their checkpoint is written."""
-    job = Job(name, tmp_path / "out")
+    job = Job.on(name, tmp_path / "out")
     [mpirun] = job.children()
     os.kill(mpirun, signal.SIGTERM)
     code, text = job.finish()
@@ -122,7 +133,7 @@ def test_control_sigterm_to_open_mpis_launcher_itself_ends_the_ranks_first(name,
 def test_sigterm_to_the_whole_process_group_is_relayed_too(tmp_path):
     """``timeout`` and a terminal signal the process group, not one PID: mpirun runs in a
     group of its own, so it still gets SIGUSR1 from hpcai-launch, not SIGTERM."""
-    job = Job("openmpi", tmp_path / "out")
+    job = Job.on("openmpi", tmp_path / "out")
     os.killpg(job.proc.pid, signal.SIGTERM)
     code, text = job.finish()
     want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
@@ -133,7 +144,7 @@ def test_sigterm_to_the_whole_process_group_is_relayed_too(tmp_path):
 def test_a_second_sigterm_is_passed_on_as_it_is(tmp_path):
     """SIGTERM, then SIGTERM again while the ranks checkpoint: the second reaches mpirun as
     SIGTERM, which ends the ranks (a way to stop now when a checkpoint hangs)."""
-    job = Job("openmpi", tmp_path / "out")
+    job = Job.on("openmpi", tmp_path / "out")
     os.kill(job.proc.pid, signal.SIGTERM)
     wait_for(lambda: all(len(r) > 1 for r in job.ranks().values()), 30, "the first signal")
     os.kill(job.proc.pid, signal.SIGTERM)
@@ -147,7 +158,7 @@ def test_a_second_sigterm_is_passed_on_as_it_is(tmp_path):
 def test_killing_hpcai_launch_takes_mpirun_and_the_ranks_with_it(tmp_path):
     """SIGKILL cannot be relayed: mpirun gets SIGTERM when its parent dies (PR_SET_PDEATHSIG)
     and ends the ranks, so none is left running."""
-    job = Job("openmpi", tmp_path / "out")
+    job = Job.on("openmpi", tmp_path / "out")
     [mpirun] = job.children()
     ranks = list(job.ranks())
     try:
@@ -178,8 +189,7 @@ def test_sigterm_to_a_bare_training_run_checkpoints_within_the_epoch(target, tmp
     try:
         wait_for(lambda: (out / "steps.jsonl").exists() or proc.poll() is not None, 300,
                  "the first step")
-        [mpirun] = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-                    .read_text().split()]
+        [mpirun] = children(proc.pid)
         os.kill(proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
         text = proc.communicate(timeout=120)[0]
     finally:
@@ -223,27 +233,13 @@ def test_in_charliecloud_the_ranks_checkpoint_too(target, image, tmp_path):
     from test_image import image_env
 
     shutil.copy(PROGRAM, tmp_path / "stop_marker.py")     # the work dir is bound in
-    (tmp_path / "out").mkdir()
-    proc = subprocess.Popen(["hpcai-launch", "-N", "2", "--container", str(image), "--",
-                             "python3", "stop_marker.py", "out"], env=image_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=tmp_path, start_new_session=True)
-    ranks = tmp_path / "out"
-    try:
-        wait_for(lambda: proc.poll() is not None or (
-            len(files := list(ranks.iterdir())) == 2
-            and all("ready" in f.read_text() for f in files)), 120, "both ranks")
-        [mpirun] = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-                    .read_text().split()]
-        os.kill(proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
-        text = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    said = [f.read_text().split("\n")[:-1] for f in ranks.iterdir()]
+    job = Job(["--container", str(image)], image_env(), Path("out"),
+              ("python3", "stop_marker.py"), cwd=tmp_path)
+    [mpirun] = job.children()
+    os.kill(job.proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
+    code, text = job.finish()
     if target == "hpcai-launch":
         want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
-        assert said == [want, want] and proc.returncode == 0, text
+        assert list(job.ranks().values()) == [want, want] and code == 0, text
     else:
-        assert said == [["ready", "signal 15"]] * 2 and proc.returncode != 0, text
+        assert list(job.ranks().values()) == [["ready", "signal 15"]] * 2 and code != 0, text
