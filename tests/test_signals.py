@@ -1,8 +1,9 @@
 """Stopping an ``hpcai-launch`` run outside Slurm: SIGTERM to it reaches every rank as a stop
-they can act on (checkpoint, exit), under each MPI's own launcher, bare and in Charliecloud. Open MPI's mpirun ends the ranks
-itself about 2 s after a SIGTERM, so for it hpcai-launch runs mpirun as a child and relays
-SIGTERM as SIGUSR1 (``Flavour.stop_signal``); the control sends SIGTERM to that mpirun
-directly. Killing hpcai-launch takes the job with it."""
+they can act on (checkpoint, exit), under each MPI's own launcher, bare, in Charliecloud and
+in Apptainer. Open MPI's mpirun ends the ranks itself about 2 s after a SIGTERM, so for it
+hpcai-launch runs mpirun as a child and relays SIGTERM as SIGUSR1 (``Flavour.stop_signal``);
+the control sends SIGTERM to that mpirun directly. Killing hpcai-launch takes the job with
+it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from conftest import FLAVOURS, base_env
 from hpcai.launcher.abi import FLAVOURS as RECORDS
 from jobs import wait_for
+from apptainer_rig import apptainer_rig  # noqa: F401 - fixture
 from test_image import image  # noqa: F401 - the built image (fixture)
 
 pytestmark = pytest.mark.mpi
@@ -243,3 +245,30 @@ def test_in_charliecloud_the_ranks_checkpoint_too(target, image, tmp_path):
         assert list(job.ranks().values()) == [want, want] and code == 0, text
     else:
         assert list(job.ranks().values()) == [["ready", "signal 15"]] * 2 and code != 0, text
+
+
+@pytest.mark.container
+@pytest.mark.parametrize("target", ["hpcai-launch", "its mpirun (control)"])
+def test_in_apptainer_the_ranks_checkpoint_too(target, apptainer_rig, image, tmp_path):
+    """The same with ``--runtime singularity`` (the Apptainer rig; its starter sits between
+    mpirun and the rank): SIGTERM to hpcai-launch reaches the ranks as SIGUSR1 and they
+    checkpoint; the control sends SIGTERM to the mpirun under it: no checkpoint."""
+    from test_apptainer import rig_env
+
+    mpi = FLAVOURS["openmpi"]
+    shutil.copy(PROGRAM, tmp_path / "stop_marker.py")     # the work dir is bound in
+    job = Job(["--mpi", mpi.name, "--mpirun", mpi.launcher, "--runtime", "singularity",
+               "--container", str(image)], rig_env(apptainer_rig, **mpi.env), Path("out"),
+              ("python3", "stop_marker.py"), cwd=tmp_path)
+    [mpirun] = job.children()
+    os.kill(job.proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
+    code, text = job.finish()
+    # a rank may get the signal twice: from mpirun (to the starter's process group) and from
+    # the starter passing it on; the trainer's flag is set either way
+    said = [(lines[0], {x for x in lines if x.startswith("signal")}, "checkpoint" in lines)
+            for lines in job.ranks().values()]
+    if target == "hpcai-launch":
+        want = ("ready", {f"signal {int(signal.SIGUSR1)}"}, True)
+        assert said == [want, want] and code == 0, text
+    else:
+        assert said == [("ready", {"signal 15"}, False)] * 2 and code != 0, text
