@@ -272,3 +272,32 @@ def test_in_apptainer_the_ranks_checkpoint_too(target, apptainer_rig, image, tmp
         assert said == [want, want] and code == 0, text
     else:
         assert said == [("ready", {"signal 15"}, False)] * 2 and code != 0, text
+
+
+@pytest.mark.parametrize("via", ["hpcai-launch", "mpirun itself (control)"])
+def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path, monkeypatch):
+    """``sweep``'s time limit (``slurm.sweep.run_within``) sends SIGTERM to the point's
+    process group: through hpcai-launch the ranks checkpoint before the grace ends. The
+    control runs the same ranks under Open MPI's mpirun alone: they end without one."""
+    from hpcai.slurm.sweep import run_within
+
+    out = tmp_path / "out"
+    out.mkdir()
+    mpi = FLAVOURS["openmpi"]
+    command = [sys.executable, PROGRAM, str(out)]
+    argv = (["hpcai-launch", "--mpi", "openmpi", "--mpirun", mpi.launcher, "-N", "2", "--",
+             *command] if via == "hpcai-launch" else
+            [mpi.launcher, "-n", "2", *mpi.direct_args, "--oversubscribe", *command])
+    env = base_env(**mpi.env)       # run_within passes this process's environment on
+    for key in set(os.environ) - set(env):
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, timed_out = run_within(argv, tmp_path / "point.log", limit=8, grace=30)
+    said = [f.read_text().split("\n")[:-1] for f in out.iterdir()]
+    assert timed_out and len(said) == 2, (tmp_path / "point.log").read_text()
+    if via == "hpcai-launch":
+        want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
+        assert said == [want, want] and code == 0, (tmp_path / "point.log").read_text()
+    else:
+        assert all("checkpoint" not in lines for lines in said), said
