@@ -200,8 +200,8 @@ def launch(options: Options, side: str, out: Path) -> Launch:
 
 def _run(argv: list[str]) -> tuple[int, str]:
     """(exit code, stderr). After :data:`LAUNCH_TIMEOUT_S`, or when validate itself is
-    interrupted, the launch's whole process group is stopped (SIGTERM, which mpirun passes
-    to its ranks, then SIGKILL), so no rank is left spinning."""
+    interrupted, the launch's whole process group is stopped (SIGTERM, which reaches the ranks
+    through hpcai-launch and mpirun, then SIGKILL), so no rank is left spinning."""
     with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as proc:
         try:
