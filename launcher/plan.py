@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
 from ..slurm import pmi
+from ..slurm.srun import STOP_SIGNAL as SRUN_STOP_SIGNAL
 from ..slurm.srun import SrunStep, srun_argv
 from . import flavours, jobplan
 from .abi import SYSTEM_LIBDIRS
@@ -346,7 +347,7 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=facts.mpi, compat_links=links, notes=tuple(notes),
-                      container=facts.container)
+                      container=facts.container, relay=(("SIGTERM", SRUN_STOP_SIGNAL),))
 
 
 def _int_or_none(text: str | None) -> int | None:

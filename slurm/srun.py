@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# srun, sent SIGTERM, cancels its step at once: the tasks are killed before they can catch a
+# signal. SIGUSR1 it passes on to every task and waits for them (Slurm 22.05, measured:
+# tests/test_slurm.py). So hpcai-launch, when it runs srun itself, relays SIGTERM as this.
+STOP_SIGNAL = "SIGUSR1"
+
 
 @dataclass(frozen=True)
 class SrunStep:

@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -276,6 +277,43 @@ def test_sbatch_script_is_not_a_step(real_node, tmp_path):
     recs = records(out)
     check_world(recs, size=2, ranks_per_node=2)
     check_disjoint_per_node(recs)
+
+
+STOP_JOB = """#!/bin/bash
+hpcai-launch --ranks-per-node 2 -- {python} {program} out &
+launch=$!
+for i in $(seq 300); do [ "$(cat out/* 2>/dev/null | grep -c ready)" = 2 ] && break; sleep 0.2; done
+target=$launch
+[ {target} = srun ] && target=$(pgrep -P $launch srun)
+kill -TERM $target
+wait $launch
+echo "hpcai-launch exit $?"
+"""
+
+
+@pytest.mark.parametrize("target", ["hpcai-launch", "srun"])
+def test_sigterm_to_hpcai_launch_running_srun_lets_the_ranks_checkpoint(real_node, target,
+                                                                        tmp_path):
+    """In a batch script hpcai-launch runs srun itself; SIGTERM to hpcai-launch reaches the
+    ranks as SIGUSR1 (srun passes that on and waits) and each finishes a 3 s checkpoint
+    (tests/programs/stop_marker.py). The control sends the SIGTERM to that srun: it cancels
+    the step and the ranks are killed without one (``slurm.srun.STOP_SIGNAL``)."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "out").mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(STOP_JOB.format(python=sys.executable, target=target, program=Path(
+        __file__).parent / "programs" / "stop_marker.py"))
+    script.chmod(0o755)
+    state = _sbatch_wait(real_node, ["--ntasks-per-node", "2", "-o", str(tmp_path / "job.out"),
+                                     str(script)], cwd=tmp_path)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    said = [f.read_text().split("\n")[:-1] for f in (tmp_path / "out").iterdir()]
+    assert len(said) == 2, f"{state}\n{log}"
+    if target == "hpcai-launch":
+        want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
+        assert said == [want, want] and "hpcai-launch exit 0" in log, f"{state}\n{log}"
+    else:
+        assert all("checkpoint" not in lines for lines in said), f"{said}\n{log}"
 
 
 # --- two fake nodes ----------------------------------------------------------------------
