@@ -4,6 +4,7 @@ identical real and generated showers give distance 0, shifted or scaled ones a k
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -239,3 +240,23 @@ def test_a_run_with_two_draws_judges_twice_the_generated_showers_of_the_same_eve
     assert [b["gen"] for b in two["bins"]] != [b["gen"] for b in one["bins"]]
     assert all(b["sampling_fraction_rel_se"] is None or b["sampling_fraction_rel_se"] > 0
                for b in two["bins"])
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_physics_json_gets_the_umasks_permissions(mask, tmp_path):
+    """physics.json is written atomically but, like the run's other files, with the umask's
+    permissions (0644 under 022, 0640 under 027): it was 0600, from mkstemp, so nobody else in
+    a shared project directory could read it. Two umasks, so the mode follows the umask and
+    is not a constant; no temporary file is left behind."""
+    from hpcai.training import validation
+    from hpcai.training.shower_data import DatasetIndex
+
+    held_out = DatasetIndex((tmp_path / "Ele_9_0.h5",), (7,))
+    real = physics.summarise(_lateral_gauss(ENERGIES), ENERGIES, aux=ENERGIES / 100)
+    old = os.umask(mask)
+    try:
+        validation.record(tmp_path, [physics.compare(real, real, 0)], held_out)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "physics.json").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".physics.json")]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -111,9 +110,12 @@ class PhysicsValidator:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``. The file
+    gets the umask's permissions, as the run's other files do (``mkstemp`` would make it
+    0600, unreadable to the group sharing a project directory)."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
     finally:
