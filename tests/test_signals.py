@@ -66,6 +66,22 @@ class Job:
         return cls(["--mpi", flavour, "--mpirun", launcher], base_env(**env), out,
                    flavour=flavour)
 
+    @classmethod
+    def in_image(cls, launch: list[str], env: dict[str, str], work: Path) -> Job:
+        """The ranks in a container: the program is copied into ``work``, which is bound in."""
+        shutil.copy(PROGRAM, work / "stop_marker.py")
+        return cls(launch, env, Path("out"), ("python3", "stop_marker.py"), cwd=work)
+
+    def sigterm(self, target: str = "hpcai-launch") -> tuple[int, str]:
+        """SIGTERM to hpcai-launch, or to the launcher it started (any other ``target``);
+        then :meth:`finish`."""
+        if target == "hpcai-launch":
+            pid = self.proc.pid
+        else:
+            [pid] = self.children()
+        os.kill(pid, signal.SIGTERM)
+        return self.finish()
+
     def _ready(self) -> bool:
         files = list(self.dir.iterdir())
         return len(files) == 2 and all("ready" in f.read_text() for f in files)
@@ -111,8 +127,7 @@ def test_sigterm_to_hpcai_launch_lets_every_rank_checkpoint(name, tmp_path):
     """The ranks get the flavour's stop signal (Open MPI: SIGUSR1, relayed; hydra: SIGTERM
     itself), finish their 3 s checkpoint, and hpcai-launch exits 0 as the launcher does."""
     job = Job.on(name, tmp_path / "out")
-    os.kill(job.proc.pid, signal.SIGTERM)
-    code, text = job.finish()
+    code, text = job.sigterm()
     want = ["ready", f"signal {_stop_number(job.flavour)}", "checkpoint"]
     assert list(job.ranks().values()) == [want, want], text
     assert code == 0, text
@@ -125,9 +140,7 @@ def test_control_sigterm_to_open_mpis_launcher_itself_ends_the_ranks_first(name,
     """Why Open MPI's record has a stop signal: its mpirun, sent SIGTERM directly (hpcai-launch
     bypassed), passes SIGTERM on but ends the ranks before their checkpoint is written."""
     job = Job.on(name, tmp_path / "out")
-    [mpirun] = job.children()
-    os.kill(mpirun, signal.SIGTERM)
-    code, text = job.finish()
+    code, text = job.sigterm("mpirun")
     assert list(job.ranks().values()) == [["ready", "signal 15"]] * 2, text
     assert code != 0
 
@@ -234,12 +247,8 @@ def test_in_charliecloud_the_ranks_checkpoint_too(target, image, tmp_path):
     SIGTERM to the mpirun under it: the ranks end without their checkpoint."""
     from test_image import image_env
 
-    shutil.copy(PROGRAM, tmp_path / "stop_marker.py")     # the work dir is bound in
-    job = Job(["--container", str(image)], image_env(), Path("out"),
-              ("python3", "stop_marker.py"), cwd=tmp_path)
-    [mpirun] = job.children()
-    os.kill(job.proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
-    code, text = job.finish()
+    job = Job.in_image(["--container", str(image)], image_env(), tmp_path)
+    code, text = job.sigterm(target)
     if target == "hpcai-launch":
         want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
         assert list(job.ranks().values()) == [want, want] and code == 0, text
@@ -256,13 +265,10 @@ def test_in_apptainer_the_ranks_checkpoint_too(target, apptainer_rig, image, tmp
     from test_apptainer import rig_env
 
     mpi = FLAVOURS["openmpi"]
-    shutil.copy(PROGRAM, tmp_path / "stop_marker.py")     # the work dir is bound in
-    job = Job(["--mpi", mpi.name, "--mpirun", mpi.launcher, "--runtime", "singularity",
-               "--container", str(image)], rig_env(apptainer_rig, **mpi.env), Path("out"),
-              ("python3", "stop_marker.py"), cwd=tmp_path)
-    [mpirun] = job.children()
-    os.kill(job.proc.pid if target == "hpcai-launch" else mpirun, signal.SIGTERM)
-    code, text = job.finish()
+    job = Job.in_image(["--mpi", mpi.name, "--mpirun", mpi.launcher, "--runtime",
+                        "singularity", "--container", str(image)],
+                       rig_env(apptainer_rig, **mpi.env), tmp_path)
+    code, text = job.sigterm(target)
     # a rank may get the signal twice: from mpirun (to the starter's process group) and from
     # the starter passing it on; the trainer's flag is set either way
     said = [(lines[0], {x for x in lines if x.startswith("signal")}, "checkpoint" in lines)
