@@ -1,8 +1,8 @@
 """hpcai-launch validate: prove, rank by rank, that a containerised job runs the planned world
 on the host's MPI, bound as planned, at the host's speed.
 
-    hpcai-launch validate --container IMG [launch options] [--trials 5] [--threshold 0.8]
-                          [--json FILE] [--expect-libmpi PREFIX]
+    hpcai-launch validate --container IMG [launch options] [--trials 5] [--max-trials 15]
+                          [--threshold 0.8] [--json FILE] [--expect-libmpi PREFIX]
 
 The launch options make a plan, as for any launch; ``validate`` runs that job shape with
 ``python3 -m hpcai.launcher.probe --bench`` in the container and bare on the host, and
@@ -26,14 +26,20 @@ checks the container's ranks against the plan:
   over the trials, their spread and the ratio: the median over the trials of the trial's
   container speed / bare speed (a trial's two launches run back to back, so load that comes
   and goes mostly cancels). The floor: at 64 KiB and 4 MiB the ratio must be at least
-  ``--threshold`` (0.8). 8 B latency is reported, not judged: one launch's 8 B latency is
-  0.47 or 0.65 us here by luck of the launch, on either side. Measured with
+  ``--threshold`` (0.8). When, after ``--trials``, a judged size has trials on both sides
+  of the floor, those trials do not settle its median: validate goes on to ``--max-trials``
+  per side (default 3 x ``--trials``) and judges the median of all of them (the output and
+  the report say how many ran and why). 8 B latency is reported, not judged: one launch's
+  8 B latency is 0.47 or 0.65 us here by luck of the launch, on either side. Measured with
   ``bench/validate_repeat.py`` (2-core VM, other jobs running): in 20 healthy runs the
   lowest ratio was 0.93 at 64 KiB and 0.89 at 4 MiB (8 B: 0.93); Open MPI forced onto TCP
   (``btl self,tcp``) 0.32-0.38 at 64 KiB, 0.21-0.35 at 4 MiB (8 B: 0.10-0.12).
 
 Each container launch is checked as soon as it ends (the world every time, the MPI, binding
-and fabric on the first trial); the first failure ends the run. Exit codes:
+and fabric on the first trial); the first failure ends the run. A warning the container
+launches print (an MPI saying it falls back to a slower path) is shown once as a ``note:``
+line with the trials that printed it, and the report keeps every launch's stderr tail.
+Exit codes:
 
     0  OK          every check passed, the floor held
     1  FAIL        a check failed; each line names the rank, host, library, CPUs or ratio
@@ -75,6 +81,7 @@ from .topology import format_cpulist, parse_cpulist
 DEFAULT_THRESHOLD = 0.8
 JUDGED_MIN_BYTES = 64 << 10     # the floor applies from this message size up
 MIN_TRIALS = 5
+EXTEND_FACTOR = 3               # --max-trials defaults to this many times --trials
 EXIT_OK, EXIT_FAIL, EXIT_UNVERIFIED = 0, 1, 3
 LAUNCH_TIMEOUT_S = 300
 PROBE = ("-m", "hpcai.launcher.probe", "--bench", "--quiet")
@@ -88,6 +95,9 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="floor: container speed / bare speed, per message size")
     parser.add_argument("--trials", type=int, default=MIN_TRIALS,
                         help=f"launches per side, alternated (at least {MIN_TRIALS})")
+    parser.add_argument("--max-trials", type=int, default=None,
+                        help="launches per side at most, when a size's trials fall on both "
+                             "sides of the floor (default: 3 x --trials)")
     parser.add_argument("--expect-libmpi", default=None,
                         help=f"path prefix every rank's libmpi must have (default: the site "
                              f"profile's expected_libmpi, else {HOST_MOUNT})")
@@ -99,6 +109,11 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if ns.trials < MIN_TRIALS:
         raise UserError(f"--trials {ns.trials}: the comparison needs at least {MIN_TRIALS} "
                         "trials per side", f"give --trials {MIN_TRIALS} or more")
+    if ns.max_trials is None:
+        ns.max_trials = EXTEND_FACTOR * ns.trials
+    elif ns.max_trials < ns.trials:
+        raise UserError(f"--max-trials {ns.max_trials} is below --trials {ns.trials}",
+                        f"give --max-trials {ns.trials} or more (equal: never extend)")
     if not 0 < ns.threshold <= 1:
         raise UserError(f"--threshold {ns.threshold} is not a ratio in (0, 1]",
                         "e.g. --threshold 0.8: the container reaches 80 % of the bare speed")
@@ -359,11 +374,22 @@ class SizeResult:
         """Container speed / bare speed (above 1: the container is faster): the median over
         the trials of each trial's ratio. A trial's two launches run back to back, so load
         from other jobs, which here comes and goes over tens of seconds, mostly cancels."""
-        return statistics.median(b / c for b, c in zip(self.bare_us, self.container_us))
+        return statistics.median(self.trial_ratios())
 
     @property
     def ratio_of_medians(self) -> float:
         return self.bare_median_us / self.container_median_us
+
+    def trial_ratios(self) -> tuple[float, ...]:
+        return tuple(b / c for b, c in zip(self.bare_us, self.container_us))
+
+    def below(self, threshold: float) -> int:
+        """How many trials' ratios are below the floor."""
+        return sum(r < threshold for r in self.trial_ratios())
+
+    def mixed(self, threshold: float) -> bool:
+        """A judged size with trials on both sides of the floor: not settled yet."""
+        return self.judged and 0 < self.below(threshold) < len(self.container_us)
 
     @property
     def judged(self) -> bool:
@@ -374,7 +400,7 @@ class SizeResult:
         """A half round trip as latency (small messages) or bandwidth."""
         return f"{us:.2f} us" if self.nbytes < 1024 else f"{self.nbytes / us / 1e3:.2f} GB/s"
 
-    def describe(self) -> str:
+    def describe(self, threshold: float | None = None) -> str:
         figure = self.figure
 
         def side(values: tuple[float, ...]) -> str:
@@ -384,7 +410,9 @@ class SizeResult:
                                key=lambda text: float(text.split()[0]))
             return f"{figure(median)} (spread {spread:.0%}: {low}..{high})"
 
-        judged = "" if self.judged else " (reported, not judged)"
+        below = self.below(threshold) if threshold and self.judged else 0
+        judged = ("" if self.judged else " (reported, not judged)") + (
+            f"; {below} of {len(self.container_us)} trials below the floor" if below else "")
         return (f"{_size(self.nbytes):>6}: container {side(self.container_us)}, "
                 f"bare {side(self.bare_us)}, ratio {self.ratio:.2f} (of the medians "
                 f"{self.ratio_of_medians:.2f}){judged}")
@@ -421,6 +449,7 @@ class Outcome:
     bare: list[Launch] = field(default_factory=list)
     sizes: list[SizeResult] = field(default_factory=list)
     trials_run: int = 0
+    extended: list[str] = field(default_factory=list)   # why more than --trials ran
 
     @property
     def verdict(self) -> tuple[str, int]:
@@ -432,16 +461,22 @@ class Outcome:
 
 
 def run_trials(options: Options, want: Expectation, trials: int, threshold: float,
-               work: Path) -> Outcome:
+               work: Path, max_trials: int | None = None,
+               run: Callable[[Options, str, Path], Launch] | None = None) -> Outcome:
     """Alternate the two sides. Each container launch is checked as soon as it ends (the
     world every time; MPI and CPUs the first time, fabric once the first bare launch is
-    in); the first failure ends the run."""
+    in); the first failure ends the run. After ``trials``, a judged size whose trials lie
+    on both sides of the floor gets more trials, up to ``max_trials`` (module doc).
+    ``run``: one launch (default :func:`launch`)."""
+    run = run or launch
+    max_trials = max(trials, max_trials or trials)
     out = Outcome()
-    for trial in range(trials):
+    trial = 0
+    while trial < trials or (trial < max_trials and _unsettled(out, threshold, trials)):
         out.trials_run = trial + 1
         order = ("container", "bare") if trial % 2 == 0 else ("bare", "container")
         for side in order:
-            ran = launch(options, side, work / f"{side}-{trial}")
+            ran = run(options, side, work / f"{side}-{trial}")
             (out.container if side == "container" else out.bare).append(ran)
             if side == "container":
                 out.problems += _check_container(ran, want, trial)
@@ -449,13 +484,14 @@ def run_trials(options: Options, want: Expectation, trials: int, threshold: floa
                 out.problems += _check_against_bare(out.container[0], ran, want)
             if out.problems:
                 return out
+        trial += 1
     missed = [i + 1 for i, r in enumerate(out.bare)
               if r.rank0 is None or check_world(r, want)]
     if missed:
         first = out.bare[missed[0] - 1]
         detail = "; ".join(check_world(first, want)) or first.failure()
         out.unverified.append(f"the bare host probe did not measure in trial(s) "
-                              f"{format_cpulist(missed)} of {trials}: {detail}")
+                              f"{format_cpulist(missed)} of {out.trials_run}: {detail}")
         return out
     out.sizes = compare(out.container, out.bare)
     out.problems += [f"{_size(s.nbytes)} ping-pong: the container reaches {s.ratio:.2f} x "
@@ -464,6 +500,18 @@ def run_trials(options: Options, want: Expectation, trials: int, threshold: floa
                      f"below the floor {threshold:.2f}"
                      for s in out.sizes if s.judged and s.ratio < threshold]
     return out
+
+
+def _unsettled(out: Outcome, threshold: float, trials: int) -> bool:
+    """Are the trials so far split around the floor at some judged size? Records why in
+    ``out.extended`` the first time (``trials``: how many were asked for)."""
+    if any(r.rank0 is None for r in out.bare):
+        return False                     # UNVERIFIED either way: no more trials
+    split = [s for s in compare(out.container, out.bare) if s.mixed(threshold)]
+    if split and not out.extended:
+        out.extended = [f"{_size(s.nbytes)}: {s.below(threshold)} of {len(s.container_us)} "
+                        f"trials below the floor" for s in split]
+    return bool(split)
 
 
 def _check_container(run: Launch, want: Expectation, trial: int) -> list[str]:
@@ -479,6 +527,28 @@ def _check_against_bare(run: Launch, bare_run: Launch, want: Expectation) -> lis
     """The same MPI as bare, and the fabric libraries it loads bare (first trial)."""
     reference = bare_run if bare_run.records and bare_run.code == 0 else None
     return check_same_mpi(run, reference) or check_fabric(run, reference, want)
+
+
+def launch_warnings(launches: list[Launch]) -> list[str]:
+    """The warnings the container launches printed (an MPI says so when it falls back to a
+    slower path), each once, with the trials that printed it: a line that starts with
+    "warning" and the lines after it up to a blank or dashed one."""
+    seen: dict[str, list[int]] = {}
+    for trial, run in enumerate(launches, 1):
+        lines = run.stderr.splitlines()
+        for i, line in enumerate(lines):
+            if not re.match(r"\s*warning\b", line, re.IGNORECASE):
+                continue
+            text = [line.strip()]
+            for more in lines[i + 1:i + 4]:
+                if not more.strip() or set(more.strip()) <= {"-", "="}:
+                    break
+                text.append(more.strip())
+            trials = seen.setdefault(" ".join(text)[:300], [])
+            if trial not in trials:
+                trials.append(trial)
+    return [f"container trial(s) {format_cpulist(t)} printed: {text}"
+            for text, t in seen.items()]
 
 
 def table(records: tuple[ProbeRecord, ...], want: Expectation) -> str:
@@ -500,11 +570,12 @@ def report(outcome: Outcome, want: Expectation, threshold: float) -> dict:
 
     def runs(launches: list[Launch]) -> list[dict]:
         return [{"code": r.code, "records": [asdict(x) for x in r.records],
-                 "stderr_tail": r.stderr[-2000:] if r.code else ""} for r in launches]
+                 "stderr_tail": r.stderr[-2000:]} for r in launches]
 
     return {"verdict": verdict, "exit_code": code, "valid": verdict == "OK",
             "problems": outcome.problems, "unverified": outcome.unverified,
             "threshold": threshold, "trials_run": outcome.trials_run,
+            "extended": outcome.extended,
             "expected": {**asdict(want), "cpus": {k: list(v) for k, v in want.cpus.items()}},
             "sizes": [s.to_dict() for s in outcome.sizes],
             "container": runs(outcome.container), "bare": runs(outcome.bare)}
@@ -522,19 +593,24 @@ def main(argv: list[str],
     want = expect(options, ns)
     work = Path(tempfile.mkdtemp(prefix=".hpcai-validate-", dir=os.getcwd()))
     try:
-        outcome = run_trials(options, want, ns.trials, ns.threshold, work)
+        outcome = run_trials(options, want, ns.trials, ns.threshold, work, ns.max_trials)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     verdict, code = outcome.verdict
     print(f"plan: {want.world or '?'} ranks; libmpi under {want.libmpi_prefix}; "
-          f"{outcome.trials_run} of {ns.trials} trial(s) per side run")
+          + (f"{outcome.trials_run} trial(s) per side run: {ns.trials}, then up to "
+             f"{ns.max_trials} as {'; '.join(outcome.extended)}" if outcome.extended else
+             f"{outcome.trials_run} of {ns.trials} trial(s) per side run"))
     if outcome.container and outcome.container[0].records:
         print("in the container (trial 1):")
         print(table(outcome.container[0].records, want))
     if outcome.sizes:
-        print(f"ping-pong, median of {ns.trials} trials per side (floor {ns.threshold:.2f}):")
+        print(f"ping-pong, median of {outcome.trials_run} trials per side "
+              f"(floor {ns.threshold:.2f}):")
         for size in outcome.sizes:
-            print("  " + size.describe())
+            print("  " + size.describe(ns.threshold))
+    for line in launch_warnings(outcome.container):
+        print(f"note: {line}")
     Path(ns.json).write_text(json.dumps(report(outcome, want, ns.threshold), indent=1))
     for problem in outcome.problems:
         print(f"FAIL: {problem}")

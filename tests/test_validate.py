@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,14 @@ def test_healthy_set_up_passes(image, tmp_path):
     assert result.code == 0, result.stdout + result.stderr[-3000:]
     assert result.cause_named()
     report = result.report
-    assert report["verdict"] == "OK" and report["trials_run"] == 5
-    assert [len(r["records"]) for r in report["container"]] == [2] * 5
+    # 5 trials per side, or 15 where a size's first five lay on both sides of the floor
+    n = report["trials_run"]
+    assert report["verdict"] == "OK" and (n, bool(report["extended"])) in ((5, False),
+                                                                          (15, True)), report
+    assert [len(r["records"]) for r in report["container"]] == [2] * n
     assert [s["nbytes"] for s in report["sizes"]] == [8, 64 << 10, 4 << 20]
     assert all(s["ratio"] >= 0.8 for s in report["sizes"] if s["judged"])
-    assert all(len(s["container_us"]) == len(s["bare_us"]) == 5 for s in report["sizes"])
+    assert all(len(s["container_us"]) == len(s["bare_us"]) == n for s in report["sizes"])
     for line in ("8 B: container", "64 KiB: container", "4 MiB: container", "spread", "ratio"):
         assert line in result.stdout, result.stdout
 
@@ -74,6 +78,33 @@ def test_negative_control_fails_naming_its_cause(control, image, tmp_path):
         assert sorted(judged) == [64 << 10, 4 << 20], judged
         assert all(r < validate.DEFAULT_THRESHOLD for r in judged.values()), judged
         assert len(problems) == len(judged), problems
+
+
+@container
+def test_a_real_run_split_around_the_floor_runs_up_to_max_trials(image, tmp_path):
+    """Healthy ratios lie near 1 here, so a floor of 1.0 usually splits the first five
+    trials of some size: then the run goes on to --max-trials; where it does not, it stops
+    at 5. Either way the report's own per-trial figures must agree with what ran."""
+    if missing(HEALTHY):
+        pytest.skip(missing(HEALTHY))
+    report_file = tmp_path / "r.json"
+    result = run(["hpcai-launch", "validate", "--container", str(image), "-N", "2",
+                  "--threshold", "1.0", "--max-trials", "6", "--json", str(report_file)],
+                 image_env(), cwd=tmp_path, timeout=600)
+    report = json.loads(report_file.read_text())
+    assert result.returncode in (0, 1), result.stdout + result.stderr[-3000:]
+    first_five_split = []
+    for s in report["sizes"]:
+        ratios = [b / c for b, c in zip(s["bare_us"][:5], s["container_us"][:5])]
+        below = sum(r < 1.0 for r in ratios)
+        if s["judged"] and 0 < below < 5:
+            first_five_split.append(f"{validate._size(s['nbytes'])}: {below} of 5 trials "
+                                    "below the floor")
+    assert report["extended"] == first_five_split, (report["extended"], report["sizes"])
+    assert report["trials_run"] == (6 if first_five_split else 5)
+    if first_five_split:
+        assert "6 trial(s) per side run: 5, then up to 6 as" in result.stdout, result.stdout
+        assert "median of 6 trials per side" in result.stdout
 
 
 @container
@@ -122,6 +153,7 @@ def test_bare_side_that_cannot_run_is_unverified(image, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--trials", "3"], "needs at least 5 trials"),
     (["--threshold", "1.5"], "is not a ratio"),
+    (["--max-trials", "4"], "--max-trials 4 is below --trials 5"),
     (["-N", "1"], "validate needs two"),
 ])
 def test_usage_errors(args, message, image, tmp_path):
@@ -189,6 +221,68 @@ def test_mpi_cpu_and_fabric_checks():
     assert "loads libucp from the image (/usr/lib/libucp.so.0)" in check_fabric(
         image_ucx, bare, WANT)[0]
     assert "loads no libucp" in check_fabric(_launch(_record(0)), bare, WANT)[0]
+
+
+def _speeds(side: str, us: float) -> Launch:
+    """A launch whose rank 0 measured ``us`` at 64 KiB and 4 MiB (8 B: 1 us)."""
+    cpus = {0: (0,), 1: (1,)}
+    pingpong = (PingPong(8, 1.0, 1.0), PingPong(64 << 10, us / 10, us / 10),
+                PingPong(4 << 20, us, us))
+    rank0 = replace(_record(0, cpus=cpus[0]), pingpong=pingpong)
+    return Launch(side, 0, "", (rank0, _record(1, local=1, cpus=cpus[1])))
+
+
+def _trials(container_us: list[float], trials: int = 5, max_trials: int = 15):
+    """run_trials over hand-made launches: the bare side at 200 us every time, the
+    container's trial i at container_us[i]; returns the outcome and the launches asked for."""
+    asked: list[str] = []
+
+    def run(options, side, out):
+        asked.append(side)
+        trial = int(out.name.rsplit("-", 1)[1])
+        return _speeds(side, 200.0 if side == "bare" else container_us[trial])
+
+    outcome = validate.run_trials(None, WANT, trials, 0.8, Path("/nonexistent"), max_trials,
+                                  run=run)
+    return outcome, asked
+
+
+@pytest.mark.parametrize("container_us, trials_run, verdict, extended", [
+    ([210.0] * 15, 5, "OK", []),                    # every trial above the floor: settled
+    ([800.0] * 15, 5, "FAIL", []),                  # every trial below (TCP): settled
+    # split 3 below / 2 above in the first five: more trials, up to 15; the later ones
+    # decide the median, either way
+    ([800, 200, 800, 200, 800] + [200] * 10, 15, "OK", ["3 of 5"]),
+    ([800, 200, 800, 200, 800] + [800, 200] * 5, 15, "FAIL", ["3 of 5"]),
+    # one trial of five below: split too, so all 15 run (the median stays above)
+    ([200, 800, 200, 200, 200] + [200] * 10, 15, "OK", ["1 of 5"]),
+])
+def test_a_size_split_around_the_floor_gets_more_trials(container_us, trials_run, verdict,
+                                                         extended):
+    outcome, asked = _trials(container_us)
+    assert outcome.trials_run == trials_run and len(asked) == 2 * trials_run
+    assert asked[:4] == ["container", "bare", "bare", "container"]     # alternated
+    assert outcome.verdict[0] == verdict, outcome.problems
+    assert outcome.extended == [f"{size}: {e} trials below the floor"
+                                for e in extended for size in ("64 KiB", "4 MiB")]
+    assert all(len(s.container_us) == trials_run for s in outcome.sizes)
+
+
+def test_max_trials_equal_to_trials_never_extends():
+    outcome, _ = _trials([800, 200, 800, 200, 800], max_trials=5)
+    assert outcome.trials_run == 5 and outcome.verdict[0] == "FAIL" and not outcome.extended
+    assert "median of 5 trials" in outcome.problems[0]
+
+
+def test_launch_warnings_name_the_trials_and_the_whole_message():
+    cma = ("----\nWARNING: The default btl_vader_single_copy_mechanism CMA is\nnot available "
+           "due to different user namespaces.\n\nThe vader shared memory BTL will fall back\n")
+    runs = [Launch("container", 0, cma, ()), Launch("container", 0, "", ()),
+            Launch("container", 0, "warning: x\n" + cma, ())]
+    assert validate.launch_warnings(runs) == [
+        "container trial(s) 1,3 printed: WARNING: The default btl_vader_single_copy_mechanism "
+        "CMA is not available due to different user namespaces.",
+        "container trial(s) 3 printed: warning: x"]
 
 
 def test_a_launch_that_does_not_end_is_stopped_with_its_children(monkeypatch, tmp_path):
