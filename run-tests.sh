@@ -11,4 +11,4 @@ bash scripts/build-horovod.sh
 bash scripts/build-mpi4py-abi.sh
 # Strict: a skip fails its test unless it is a limit of the machine (tests/suite_rules.py).
 export HPCAI_TESTS_STRICT=1
-exec python -m pytest -ra "$@"
+exec python -m pytest -ra --durations=25 "$@"
