@@ -46,7 +46,7 @@ def _scenario(name: str, image: Path, tmp_path: Path):
 @container
 def test_healthy_set_up_passes(image, tmp_path):
     result = _scenario(HEALTHY, image, tmp_path)
-    assert result.code == 0, result.stdout + result.stderr[-3000:]
+    assert result.code == 0, result.stdout + result.stderr[-3000:] + _per_trial(result.report)
     assert result.cause_named()
     report = result.report
     # 5 trials per side, or 15 where a size's first five lay on both sides of the floor
@@ -59,6 +59,21 @@ def test_healthy_set_up_passes(image, tmp_path):
     assert all(len(s["container_us"]) == len(s["bare_us"]) == n for s in report["sizes"])
     for line in ("8 B: container", "64 KiB: container", "4 MiB: container", "spread", "ratio"):
         assert line in result.stdout, result.stdout
+
+
+def _per_trial(report: dict | None) -> str:
+    """For a failure message: each trial's figures per size and the container launches'
+    stderr (what a FAIL on a machine that is not this one leaves to go on)."""
+    if not report:
+        return "\nno report"
+    lines = ["", "per trial (half round trip, us: container / bare):"]
+    for s in report["sizes"]:
+        pairs = ", ".join(f"{c:.1f}/{b:.1f}" for c, b in zip(s["container_us"], s["bare_us"]))
+        lines.append(f"  {s['nbytes']} B: {pairs}")
+    for i, launch in enumerate(report["container"], 1):
+        if launch["stderr_tail"].strip():
+            lines.append(f"container trial {i} stderr: {launch['stderr_tail'][-600:]}")
+    return "\n".join(lines)
 
 
 @container
