@@ -475,7 +475,7 @@ def run_trials(options: Options, want: Expectation, trials: int, threshold: floa
     max_trials = max(trials, max_trials or trials)
     out = Outcome()
     trial = 0
-    while trial < trials or (trial < max_trials and _unsettled(out, threshold, trials)):
+    while trial < trials or (trial < max_trials and _unsettled(out, threshold)):
         out.trials_run = trial + 1
         order = ("container", "bare") if trial % 2 == 0 else ("bare", "container")
         for side in order:
@@ -505,9 +505,9 @@ def run_trials(options: Options, want: Expectation, trials: int, threshold: floa
     return out
 
 
-def _unsettled(out: Outcome, threshold: float, trials: int) -> bool:
+def _unsettled(out: Outcome, threshold: float) -> bool:
     """Are the trials so far split around the floor at some judged size? Records why in
-    ``out.extended`` the first time (``trials``: how many were asked for)."""
+    ``out.extended`` the first time."""
     if any(r.rank0 is None for r in out.bare):
         return False                     # UNVERIFIED either way: no more trials
     split = [s for s in compare(out.container, out.bare) if s.mixed(threshold)]
