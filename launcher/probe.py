@@ -7,7 +7,10 @@ host, PID, CPU affinity, thread env, the MPI library version, the file that real
 :mod:`.libmpi`). A rank whose file already exists (two processes with the same rank: a
 singleton world, or a reused directory) writes ``rank-R.pid-P.json`` instead, so duplicates
 show. ``--bench`` adds a ping-pong at :data:`PINGPONG_SIZES` between rank 0 and a partner
-(the first rank on another host, else rank 1). It is the default demo and the test workload.
+(the first rank on another host, else rank 1), each size for at most
+:data:`PINGPONG_BUDGET_S` at the warm-up's pace, so a slow path (an oversubscribed node: a
+round trip of milliseconds) bounds the launch instead of taking minutes. It is the default
+demo and the test workload.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..core.errors import UserError
 from .libmpi import defining_library, libmpi_path
 from .topology import format_cpulist
 
-PROBE_SCHEMA = 2
+PROBE_SCHEMA = 3     # 3: PingPong.samples
 
 _TRANSLATED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
@@ -35,8 +38,12 @@ FABRIC_SYMBOLS = {"libfabric": "fi_getinfo", "libpsm2": "psm2_init",
                   "libucp": "ucp_init_version", "libibverbs": "ibv_get_device_list",
                   "libnccl": "ncclGetVersion"}
 
-# Message size -> (round trips per sample, samples) of one ping-pong trial.
+# Message size -> (round trips per sample, samples at most) of one ping-pong trial.
 PINGPONG_SIZES = {8: (50, 60), 64 << 10: (5, 60), 4 << 20: (1, 60)}
+# Per size, the samples that fit this many seconds at the warm-up sample's pace, but at
+# least PINGPONG_MIN_SAMPLES: idle, every size takes well under it and runs all its samples.
+PINGPONG_BUDGET_S = 2.0
+PINGPONG_MIN_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class PingPong:
     nbytes: int
     median_us: float
     best_us: float
+    samples: int
 
 
 @dataclass(frozen=True)
@@ -94,31 +102,52 @@ def loaded_fabric() -> dict[str, str]:
     return {kind: path for kind, path in found.items() if path}
 
 
-def pingpong(comm, partner: int) -> tuple[PingPong, ...]:
+def sample_count(warm_s: float, most: int, budget_s: float = PINGPONG_BUDGET_S) -> int:
+    """How many samples of one size to time: as many as fit ``budget_s`` at the pace of the
+    warm-up sample (``warm_s`` seconds), at least :data:`PINGPONG_MIN_SAMPLES`, at most
+    ``most``."""
+    fit = int(budget_s / warm_s) if warm_s > 0 else most
+    return max(min(fit, most), min(PINGPONG_MIN_SAMPLES, most))
+
+
+def pingpong(comm, partner: int, budget_s: float = PINGPONG_BUDGET_S) -> tuple[PingPong, ...]:
     """Rank 0 and ``partner`` bounce a message; each sample times a batch of round trips
-    (one timer call per batch: at 8 B a round trip is well under a microsecond here)."""
+    (one timer call per batch: at 8 B a round trip is well under a microsecond here). Per
+    size a first sample warms the path up; rank 0 derives the number of samples from its
+    time (:func:`sample_count`) and tells the partner before the timed ones. Rank 0 returns
+    the results; the other ranks return ``()``."""
     import time
 
     import numpy as np
 
     rank = comm.Get_rank()
     results = []
-    for nbytes, (batch, samples) in PINGPONG_SIZES.items():
+    for nbytes, (batch, most) in PINGPONG_SIZES.items():
         buf = np.zeros(nbytes, dtype=np.uint8)
         comm.Barrier()
-        halves = []
-        for sample in range(samples + 1):      # sample 0 warms the path up
+        if rank not in (0, partner):
+            continue
+
+        def sample() -> float:
             t0 = time.perf_counter()
             for _ in range(batch):
                 if rank == 0:
                     comm.Send(buf, dest=partner)
                     comm.Recv(buf, source=partner)
-                elif rank == partner:
+                else:
                     comm.Recv(buf, source=0)
                     comm.Send(buf, dest=0)
-            if sample:
-                halves.append((time.perf_counter() - t0) / (2 * batch) * 1e6)
-        results.append(PingPong(nbytes, float(np.median(halves)), min(halves)))
+            return time.perf_counter() - t0
+
+        warm = sample()
+        if rank == 0:
+            samples = sample_count(warm, most, budget_s)
+            comm.send(samples, dest=partner)
+        else:
+            samples = comm.recv(source=0)
+        halves = [sample() / (2 * batch) * 1e6 for _ in range(samples)]
+        if rank == 0:
+            results.append(PingPong(nbytes, float(np.median(halves)), min(halves), samples))
     return tuple(results)
 
 
@@ -164,7 +193,8 @@ def _probe(argv: list[str]) -> int:
         mpi_library_version=MPI.Get_library_version().replace("\x00", "").strip()
         .splitlines()[0],
         libmpi=(libmpi,) if libmpi else (), fabric=loaded_fabric(),
-        pingpong=bench if rank == 0 else None, partner=partner if bench else None)
+        pingpong=bench if rank == 0 else None,
+        partner=partner if bench is not None else None)
     if args.out:
         _write(Path(args.out), record)
     if not args.quiet:

@@ -22,7 +22,8 @@ checks the container's ranks against the plan:
 - **speed**: a ping-pong between rank 0 and its partner at 8 B, 64 KiB and 4 MiB, the two
   sides alternated (C B, B C, C B, ...) over ``--trials`` launches each (at least 5). A
   trial's figure is its best sample (a sample times a batch of round trips; other jobs on a
-  shared node slow single samples down). Per size the report shows both sides' medians
+  shared node slow single samples down; a size whose samples are slow, as on an
+  oversubscribed node, times fewer of them, see :mod:`.probe`). Per size the report shows both sides' medians
   over the trials, their spread and the ratio: the median over the trials of the trial's
   container speed / bare speed (a trial's two launches run back to back, so load that comes
   and goes mostly cancels). The floor: at 64 KiB and 4 MiB the ratio must be at least
@@ -78,7 +79,7 @@ from .facts import gather_facts
 from .hosts import parse_hosts
 from .options import Options
 from .plan import LaunchPlan, build_plan
-from .probe import ProbeRecord
+from .probe import PINGPONG_BUDGET_S, PINGPONG_SIZES, ProbeRecord
 from .topology import format_cpulist, parse_cpulist
 
 DEFAULT_THRESHOLD = 0.8
@@ -358,11 +359,14 @@ def check_cpus(run: Launch, want: Expectation) -> list[str]:
 @dataclass(frozen=True)
 class SizeResult:
     """One message size over all trials: each trial's best half round trip (µs), the two
-    sides' lists aligned by trial (trial i's two launches ran back to back)."""
+    sides' lists aligned by trial (trial i's two launches ran back to back), and how many
+    samples each trial timed (fewer than the probe's most where a sample was slow)."""
 
     nbytes: int
     container_us: tuple[float, ...]
     bare_us: tuple[float, ...]
+    container_samples: tuple[int, ...] = ()
+    bare_samples: tuple[int, ...] = ()
 
     @property
     def container_median_us(self) -> float:
@@ -401,7 +405,10 @@ class SizeResult:
 
     def figure(self, us: float) -> str:
         """A half round trip as latency (small messages) or bandwidth."""
-        return f"{us:.2f} us" if self.nbytes < 1024 else f"{self.nbytes / us / 1e3:.2f} GB/s"
+        if self.nbytes < 1024:
+            return f"{us:.2f} us"
+        rate = self.nbytes / us / 1e3
+        return f"{rate:.2f} GB/s" if rate >= 0.1 else f"{rate * 1e3:.2f} MB/s"
 
     def describe(self, threshold: float | None = None) -> str:
         figure = self.figure
@@ -409,13 +416,21 @@ class SizeResult:
         def side(values: tuple[float, ...]) -> str:
             median = statistics.median(values)
             spread = (max(values) - min(values)) / median
-            low, high = sorted((figure(min(values)), figure(max(values))),
-                               key=lambda text: float(text.split()[0]))
+            fast, slow = min(values), max(values)     # half round trips
+            low, high = ((figure(fast), figure(slow)) if self.nbytes < 1024
+                         else (figure(slow), figure(fast)))
             return f"{figure(median)} (spread {spread:.0%}: {low}..{high})"
 
         below = self.below(threshold) if threshold and self.judged else 0
         judged = ("" if self.judged else " (reported, not judged)") + (
             f"; {below} of {len(self.container_us)} trials below the floor" if below else "")
+        counts = self.container_samples + self.bare_samples
+        most = PINGPONG_SIZES.get(self.nbytes, (0, 0))[1]
+        if counts and min(counts) < most:
+            span = (f"{min(counts)}" if min(counts) == max(counts)
+                    else f"{min(counts)}-{max(counts)}")
+            judged += (f"; {span} of {most} samples per trial (slow samples: each size "
+                       f"stops after about {PINGPONG_BUDGET_S:g} s)")
         return (f"{_size(self.nbytes):>6}: container {side(self.container_us)}, "
                 f"bare {side(self.bare_us)}, ratio {self.ratio:.2f} (of the medians "
                 f"{self.ratio_of_medians:.2f}){judged}")
@@ -439,7 +454,9 @@ def compare(container: list[Launch], bare_runs: list[Launch]) -> list[SizeResult
     inside = [r.rank0.pingpong for r in container if r.rank0 and r.rank0.pingpong]
     outside = [r.rank0.pingpong for r in bare_runs if r.rank0 and r.rank0.pingpong]
     return [SizeResult(p.nbytes, tuple(t[i].best_us for t in inside),
-                       tuple(t[i].best_us for t in outside)) for i, p in enumerate(inside[0])]
+                       tuple(t[i].best_us for t in outside),
+                       tuple(t[i].samples for t in inside), tuple(t[i].samples for t in outside))
+            for i, p in enumerate(inside[0])]
 
 
 # --- the run -------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from validate_controls import CONTROLS, HEALTHY, cpuset, missing, run_scenario
 
 from hpcai.launcher.probe import PingPong, ProbeRecord
 from hpcai.launcher import validate
-from hpcai.launcher.validate import (Expectation, Launch, check_cpus, check_fabric,
-                                     check_mpi, check_world)
+from hpcai.launcher.validate import (Expectation, Launch, SizeResult, check_cpus,
+                                     check_fabric, check_mpi, check_world)
 
 
 def container(test):
@@ -194,7 +194,7 @@ def _record(rank: int, size: int = 2, *, pid: int = 100, host: str = "n1", local
                        env={"LOCAL_RANK": str(local), "HPCAI_CPUS": plan},
                        mpi_library_version="Open MPI v4.1.4",
                        libmpi=(libmpi,), fabric=fabric or {},
-                       pingpong=(PingPong(8, 0.5, 0.4),) if rank == 0 else None)
+                       pingpong=(PingPong(8, 0.5, 0.4, 60),) if rank == 0 else None)
 
 
 def _launch(*records: ProbeRecord) -> Launch:
@@ -241,8 +241,8 @@ def test_mpi_cpu_and_fabric_checks():
 def _speeds(side: str, us: float) -> Launch:
     """A launch whose rank 0 measured ``us`` at 64 KiB and 4 MiB (8 B: 1 us)."""
     cpus = {0: (0,), 1: (1,)}
-    pingpong = (PingPong(8, 1.0, 1.0), PingPong(64 << 10, us / 10, us / 10),
-                PingPong(4 << 20, us, us))
+    pingpong = (PingPong(8, 1.0, 1.0, 60), PingPong(64 << 10, us / 10, us / 10, 60),
+                PingPong(4 << 20, us, us, 60))
     rank0 = replace(_record(0, cpus=cpus[0]), pingpong=pingpong)
     return Launch(side, 0, "", (rank0, _record(1, local=1, cpus=cpus[1])))
 
@@ -338,3 +338,15 @@ def test_libmpi_path_is_the_file_defining_mpi_init():
     assert _python(code.format(load="import ctypes, os; "
                                     "ctypes.CDLL('libmpi.so.40', mode=os.RTLD_LOCAL)")) \
         == f"None {expected}"
+
+
+def test_a_size_line_says_when_trials_timed_fewer_samples():
+    """The probe cuts a slow size's samples (tests/test_probe.py); the line says so, and
+    only then. 64 KiB in 16 ms is 4 MB/s, not '0.00 GB/s'."""
+    slow = SizeResult(64 << 10, (16000.0,) * 5, (15000.0,) * 5, (10,) * 5, (10, 12, 10, 10, 11))
+    line = slow.describe(0.1)
+    assert "10-12 of 60 samples per trial" in line, line
+    assert "4.10 MB/s" in line and "4.37 MB/s" in line and "GB/s" not in line, line
+    full = SizeResult(64 << 10, (16.0,) * 5, (15.0,) * 5, (60,) * 5, (60,) * 5)
+    assert "samples per trial" not in full.describe(0.1), full.describe(0.1)
+    assert "4.10 GB/s" in full.describe(0.1)
