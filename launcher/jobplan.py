@@ -182,7 +182,8 @@ def _site_job_dir(path: str | None) -> tuple[str | None, str]:
 def make_key(job: JobRole, env: dict[str, str], cwd: str,
              files: tuple[tuple[str, str], ...] = ()) -> PlanKey:
     """The key of ``job``'s plan; ``files``: (role, path) to identify by their ``stat``."""
-    return PlanKey(job=job.info.job_key, launch=job.launch, nodes=job.info.nodes, size=job.info.size,
+    return PlanKey(job=job.info.job_key, launch=job.launch, nodes=job.info.nodes,
+                   size=job.info.size,
                    argv=job.argv, cwd=cwd, env=_env_key(env), cpus=os.cpu_count(),
                    files=tuple((r, p, identity(p)) for r, p in files))
 

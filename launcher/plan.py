@@ -240,8 +240,8 @@ def wrapper_argv(options: Options, ranks_per_node: int,
         host_libs=container.staged if container else None).to_argv()
 
 
-def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str],
-                    cache_dir: str) -> tuple[dict[str, str], tuple[tuple[str, str], ...], list[str]]:
+def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str], cache_dir: str
+                    ) -> tuple[dict[str, str], tuple[tuple[str, str], ...], list[str]]:
     """Env (and compat links) so that ranks, mpi4py included, load the chosen libmpi."""
     if mpi is None:
         return {}, (), []
@@ -342,8 +342,9 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     if flavour is None:
         notes.append("MPI flavour unknown: srun uses the site's default --mpi plugin")
     site = facts.container.site if facts.container else facts.site
-    argv = srun_line(options, pmi.choose(None, site, flavour.srun_mpi if flavour else None), placement,
-                     facts.topology, nodes, facts.self_argv, container=facts.container)
+    pmi_name = pmi.choose(None, site, flavour.srun_mpi if flavour else None)
+    argv = srun_line(options, pmi_name, placement, facts.topology, nodes, facts.self_argv,
+                     container=facts.container)
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=facts.mpi, compat_links=links, notes=tuple(notes),

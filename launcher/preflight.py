@@ -295,7 +295,8 @@ def check_glibc(libs, image_glibc: tuple[int, int]) -> None:
     needed, lib = too_new[0]
     others = f" (and {len(too_new) - 1} more)" if len(too_new) > 1 else ""
     raise UserError(
-        f"host library {lib.name} ({lib.path}) needs GLIBC_{format_version(needed)} but the image has "
+        f"host library {lib.name} ({lib.path}) needs GLIBC_{format_version(needed)} "
+        f"but the image has "
         f"glibc {format_version(tuple(image_glibc))}{others}",
         f"rebuild the image on a newer base (glibc >= {format_version(needed)}), or bind fewer "
         "libraries (--no-bind-host-mpi, or drop them from the site profile)")

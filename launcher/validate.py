@@ -23,8 +23,9 @@ checks the container's ranks against the plan:
   sides alternated (C B, B C, C B, ...) over ``--trials`` launches each (at least 5). A
   trial's figure is its best sample (a sample times a batch of round trips; other jobs on a
   shared node slow single samples down; a size whose samples are slow, as on an
-  oversubscribed node, times fewer of them, see :mod:`.probe`). Per size the report shows both sides' medians
-  over the trials, their spread and the ratio: the median over the trials of the trial's
+  oversubscribed node, times fewer of them, see :mod:`.probe`). Per size the report shows
+  both sides' medians over the trials, their spread and the ratio: the median over the
+  trials of the trial's
   container speed / bare speed (a trial's two launches run back to back, so load that comes
   and goes mostly cancels). The floor: at 64 KiB and 4 MiB the ratio must be at least
   ``--threshold`` (0.8). When, after ``--trials``, a judged size has trials on both sides

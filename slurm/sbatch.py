@@ -171,7 +171,8 @@ def render(spec: JobSpec) -> str:
              "set -euo pipefail"]
     lines += list(spec.setup_lines)
     if spec.site:
-        lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(spec.site.env.items())]
+        lines += [f"export {key}={shlex.quote(value)}"
+                  for key, value in sorted(spec.site.env.items())]
     lines += ["", shlex.join(launch_argv(spec)), ""]
     return "\n".join(lines)
 
