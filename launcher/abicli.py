@@ -14,7 +14,7 @@ from .site import SiteProfile
 
 def _installs(ns) -> list[mpis.HostInstall]:
     env = dict(os.environ)
-    site = SiteProfile.load(ns.site) if ns.site else SiteProfile.from_env(env)
+    site = SiteProfile.chosen(ns.site, env)
     extra = tuple(ns.mpi or ())
     return mpis.discover(env, site.mpi_prefixes if site else (), extra)
 

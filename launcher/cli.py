@@ -189,7 +189,7 @@ def _select_install(ns: argparse.Namespace) -> None:
     from .site import SiteProfile
 
     env = dict(os.environ)
-    site = SiteProfile.load(ns.site) if ns.site else SiteProfile.from_env(env)
+    site = SiteProfile.chosen(ns.site, env)
     install = select(ns.mpi, discover(env, site.mpi_prefixes if site else ()), env)
     if install.launcher is None and not ns.mpirun:
         raise UserError(f"--mpi {ns.mpi}: {install.label} has no launcher next to it",

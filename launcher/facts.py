@@ -71,7 +71,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     env = dict(os.environ if env is None else env)
     info = rankenv.from_environ(env, os.getppid())
     topo = _topology(options, env, in_rank=info is not None, hostname=socket.gethostname())
-    site = SiteProfile.load(options.site) if options.site else SiteProfile.from_env(env)
+    site = SiteProfile.chosen(options.site, env)
     command_path = None
     if options.command:
         command_path = shutil.which(options.command[0], path=env.get("PATH"))

@@ -143,6 +143,14 @@ class SiteProfile:
         return cls.load(path) if path else None
 
     @classmethod
+    def chosen(cls, given: str | os.PathLike | None, env: dict[str, str]
+               ) -> "SiteProfile | None":
+        """The profile a command uses: ``--site`` (``given``), else ``HPCAI_SITE``, else
+        None. (A rank's job-directory lookup reads the same two in ``jobplan``, without
+        importing this module.)"""
+        return cls.load(given) if given else cls.from_env(env)
+
+    @classmethod
     def from_dict(cls, data: dict, path: str = "<site profile>") -> "SiteProfile":
         values: dict[str, object] = {}
         for key, value in data.items():
