@@ -40,6 +40,12 @@ optimised in that mode, and the validation judges the other; a bin that is right
 wrong with the moving or standing statistics is a gap between the two modes, not in the
 weights.
 
+The JSON's ``response`` (also printed) gives, per bin and for the first generator, the shape
+of the per-event Σcells ÷ E distribution, which the verdict's mean hides: the generated
+mean's and median's difference from the real ones, the generated 10th and 90th percentiles
+over the real median, the share of generated showers below half and above 1.5 times the real
+median, and both sides' coefficients of variation.
+
     python bench/rejudge.py RUN_DIR [--checkpoint PATH] [--events 512] [--draws 4] [--split]
                                     [--standing] [--batch-statistics]
 """
@@ -90,6 +96,40 @@ def split_halves(a: dict, b: dict) -> dict:
             "sum_z2": sum(z * z for z in zs), "bins_judged": len(zs)}
 
 
+def response_shape(real, gen) -> list[dict]:
+    """Per energy bin (``training.physics.bin_masks``), the distribution of the per-event
+    Σcells ÷ E of ``gen`` (``real``'s energies, once or K times over) against ``real``'s."""
+    import numpy as np
+
+    from hpcai.training.physics import ENERGY_BINS_GEV as EDGES
+    from hpcai.training.physics import bin_masks, sum_over_energy
+
+    draws = len(gen) // len(real)
+    r_all, g_all = sum_over_energy(real), sum_over_energy(gen)
+    rows = []
+    for lo, hi, mask in zip(EDGES[:-1], EDGES[1:], bin_masks(real.energy_gev, EDGES)):
+        r, g = r_all[mask], g_all[np.tile(mask, draws)]
+        if not len(r):
+            continue
+        median = float(np.median(r))
+        rows.append({
+            "bin_gev": bin_label({"e_lo_gev": lo, "e_hi_gev": hi}),
+            "events": int(len(r)), "showers": int(len(g)),
+            "mean_rel_diff": float(g.mean() / r.mean() - 1),
+            "median_rel_diff": float(np.median(g) / median - 1),
+            "gen_q10_over_real_median": float(np.quantile(g, 0.1) / median),
+            "gen_q90_over_real_median": float(np.quantile(g, 0.9) / median),
+            "gen_below_half": float((g < 0.5 * median).mean()),
+            "gen_above_1_5": float((g > 1.5 * median).mean()),
+            "real_cv": float(r.std() / r.mean()),
+            "gen_cv": float(g.std() / g.mean()) if g.mean() else None})
+    return rows
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a train 3dgan --out directory")
@@ -128,6 +168,7 @@ def main() -> int:
     import torch
     from mpi4py import MPI
 
+    from hpcai.training import physics
     from hpcai.training.config import TrainConfig
     from hpcai.training.shower_data import validate
     from hpcai.training.tasks import make_task
@@ -154,6 +195,9 @@ def main() -> int:
     gathered = validator.summaries(task)   # one pass; --split judges its halves apart
     assert gathered is not None
     validations = validator.compare(gathered, task, epoch)
+    # the first generator's showers, draw after draw, each in rank order (as compare has them)
+    real = physics.concat([m[0] for m in gathered])
+    first_gen = physics.concat([m[1][d] for d in range(args.draws) for m in gathered])
     in_training = next((v for v in doc["validations"] if v["epoch"] == epoch), None) \
         if end_of_epoch else None
     result = {
@@ -172,6 +216,7 @@ def main() -> int:
         "split": None,
         "standing": None,
         "batch_statistics": None,
+        "response": {"generator": task.generators[0], "bins": response_shape(real, first_gen)},
     }
     if args.split:
         h = args.draws // 2
@@ -201,6 +246,12 @@ def main() -> int:
                                  if b["sampling_fraction_rel_se"] is not None else "")
                               for b in g["bins"])
             print(f"{side:11s} {g['generator']:7s} {cells}")
+    for row in result["response"]["bins"]:
+        print(f"response    {row['bin_gev']}: mean {row['mean_rel_diff']:+.3f} median "
+              f"{row['median_rel_diff']:+.3f}, generated 10-90 % "
+              f"{row['gen_q10_over_real_median']:.2f}-{row['gen_q90_over_real_median']:.2f} "
+              f"of the real median, spread (cv) {_number(row['gen_cv'])} against "
+              f"{_number(row['real_cv'])}")
     if result["split"] is not None:
         sp = result["split"]
         print("halves      " + "  ".join(f"{r['bin_gev']}: {r['halves'][0]:+.3f} vs "

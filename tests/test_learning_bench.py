@@ -263,6 +263,15 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     assert rows and all(r["halves"][0] == judged_one[r["bin_gev"]] for r in rows)
     assert all(r["halves"][0] != r["halves"][1] and r["difference_se"] > 0 for r in rows)
     assert two["split"]["sum_z2"] == pytest.approx(sum(r["z"] ** 2 for r in rows))
+    # the response shape: its means are the judged bins' (the same showers), per bin
+    for got_draws in (one, two):
+        judged = {b["bin_gev"]: b["sampling_fraction_rel_diff"]
+                  for b in got_draws["judged"][0]["bins"]}
+        shape = got_draws["response"]["bins"]
+        assert [r["bin_gev"] for r in shape] == list(judged)
+        for r in shape:
+            assert r["mean_rel_diff"] == pytest.approx(judged[r["bin_gev"]], rel=1e-9)
+            assert r["showers"] == r["events"] * got_draws["settings"]["draws"]
     refused = run([sys.executable, script, str(tmp_path)], base_env())
     assert refused.returncode == 2 and refused.stderr.startswith("error: ")
     assert "hint: " in refused.stderr
@@ -363,3 +372,35 @@ def test_data_response_is_flat_for_generated_files_and_sees_a_scaled_bin(tmp_pat
             assert scaled["ratio_to_reference"] == pytest.approx(-0.2, abs=0.015)
         else:
             assert scaled == plain
+
+
+def test_response_shape_reads_a_scaled_generator_as_scaled():
+    """``rejudge.response_shape`` on made-up showers: a generator that is the real showers
+    times 0.8, twice over, is 20 % low in mean and median with the real spread; the control,
+    the real showers themselves, is 0 % with no shower below half or above 1.5 times."""
+    import numpy as np
+
+    import rejudge
+    from hpcai.training.physics import EventSummaries
+
+    rng = np.random.default_rng(0)
+    n = 400
+    energy = rng.uniform(10, 500, n)
+    profiles = np.zeros((n, 3, 25))
+    profiles[:, 0, 12] = energy * rng.normal(0.02, 0.001, n)   # Σcells = 2 % of E, 5 % spread
+    real = EventSummaries(energy, profiles, np.ones(n), np.full(n, np.nan))
+
+    def twice(scale: float) -> EventSummaries:
+        return EventSummaries(np.tile(energy, 2), np.tile(profiles * scale, (2, 1, 1)),
+                              np.ones(2 * n), np.full(2 * n, np.nan))
+
+    same, low = rejudge.response_shape(real, twice(1.0)), rejudge.response_shape(real, twice(0.8))
+    assert [r["bin_gev"] for r in same] == ["10-100", "100-200", "200-300", "300-400", "400-500"]
+    for s, lo in zip(same, low):
+        assert s["mean_rel_diff"] == pytest.approx(0, abs=1e-12)
+        assert s["median_rel_diff"] == pytest.approx(0, abs=1e-12)
+        assert s["gen_below_half"] == 0 and s["gen_above_1_5"] == 0
+        assert lo["mean_rel_diff"] == pytest.approx(-0.2) and lo["median_rel_diff"] == \
+            pytest.approx(-0.2)
+        assert lo["gen_cv"] == pytest.approx(lo["real_cv"]) == pytest.approx(s["gen_cv"])
+        assert 0.03 < s["real_cv"] < 0.07 and lo["showers"] == 2 * lo["events"]

@@ -127,13 +127,27 @@ class Side:
     aux_mape: float | None                    # %
 
 
+def sum_over_energy(s: EventSummaries) -> np.ndarray:
+    """Each event's Σcells ÷ E (GeV over GeV): the per-event sampling fraction."""
+    return s.profiles[:, 0].sum(axis=1) / s.energy_gev
+
+
+def bin_masks(energy_gev: np.ndarray, edges: tuple[float, ...] = ENERGY_BINS_GEV
+              ) -> list[np.ndarray]:
+    """Per energy bin [e_lo, e_hi) (the last one includes its upper edge), which events
+    fall in it; events outside the edges fall in none."""
+    which = np.digitize(energy_gev, edges[1:-1])   # 0 .. len(edges) - 2
+    inside = (energy_gev >= edges[0]) & (energy_gev <= edges[-1])
+    return [inside & (which == i) for i in range(len(edges) - 1)]
+
+
 def _side(s: EventSummaries) -> Side:
     if not len(s):
         return Side(profiles=((), (), ()), sampling_fraction=None, sampling_fraction_std=None,
                     first_moment=(None, None, None), second_moment=(None, None, None),
                     hits=None, aux_mape=None)
     first, second = moments(s.profiles)
-    fraction = s.profiles[:, 0].sum(axis=1) / s.energy_gev
+    fraction = sum_over_energy(s)
     return Side(profiles=tuple(tuple(float(v) for v in s.profiles[:, a].mean(axis=0))
                                for a in range(3)),
                 sampling_fraction=_mean(fraction),
@@ -219,11 +233,9 @@ def compare(real: EventSummaries, gen: EventSummaries, epoch: int,
             or not np.array_equal(np.tile(real.energy_gev, draws), gen.energy_gev)):
         raise ValueError("generated showers must be made at the real events' energies")
     e = real.energy_gev
-    which = np.digitize(e, edges[1:-1])   # 0 .. len(edges) - 2
     inside = (e >= edges[0]) & (e <= edges[-1])
     bins = []
-    for i in range(len(edges) - 1):
-        mask = inside & (which == i)
+    for i, mask in enumerate(bin_masks(e, edges)):
         r, g = real.subset(mask), gen.subset(np.tile(mask, draws))
         rs, gs = _side(r), _side(g)
         bins.append(BinResult(
