@@ -188,6 +188,7 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
     result = train(2, *args, "--out", str(out), "--resume")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stdout
+    assert "differ from the checkpoint's" not in result.stdout   # the same settings
     ref = {(s["epoch"], s["step"]): s for s in records(reference, "steps.jsonl")}
     got = records(out, "steps.jsonl")
     keys = [(s["epoch"], s["step"]) for s in got]
@@ -368,11 +369,25 @@ def test_a_two_rank_3dgan_resume_continues_bit_for_bit(tmp_path):
     for run_dir in (out, doctored):
         result = train(2, *GAN, "--epochs", "2", "--resume", "--out", str(run_dir))
         assert result.returncode == 0 and "resumed from" in result.stdout, result.stderr[-2000:]
+        assert ("--resume: these settings differ from the checkpoint's and apply from here "
+                "on: epochs 1 -> 2\n") in result.stdout, result.stdout
     assert records(out, "steps.jsonl") == records(reference, "steps.jsonl")
     assert "holds rank 0's BatchNorm statistics only" in result.stdout
     control = records(doctored, "steps.jsonl")
     assert control[:2] == records(reference, "steps.jsonl")[:2]   # epoch 0: the same run
     assert control != records(reference, "steps.jsonl")
+
+
+def test_changed_settings_names_what_a_resume_changes():
+    from hpcai.training.trainer import changed_settings
+    saved = {"epochs": 64, "loss_weights": [8.0, 0.2, 0.1], "out": "a", "resume": False,
+             "lr": 2e-4}
+    now = {"epochs": 80, "loss_weights": (8.0, 0.2, 1.0), "out": "b", "resume": True,
+           "lr": 2e-4, "new_option": 1}
+    assert changed_settings(saved, now) == ["epochs 64 -> 80",
+                                            "loss_weights (8.0, 0.2, 0.1) -> (8.0, 0.2, 1.0)"]
+    same = {**now, "epochs": 64, "loss_weights": (8.0, 0.2, 0.1)}
+    assert changed_settings(saved, same) == []     # a list and a tuple of the same values
 
 
 # -- without MPI: what the stall watchdog decides -------------------------------------------

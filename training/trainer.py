@@ -55,6 +55,20 @@ def step_seed(seed: int, rank: int, epoch: int, step: int) -> int:
     return zlib.crc32(f"{seed}:{rank}:{epoch}:{step}".encode())
 
 
+# settings a resumed run may change without it meaning anything for the training
+_RESUME_NEUTRAL = frozenset({"resume", "out"})
+
+
+def changed_settings(saved: dict, now: dict) -> list[str]:
+    """The training settings of ``now`` that differ from a checkpoint's ``saved`` (both
+    ``TrainConfig.to_dict()``), as "name old -> new"; lists and tuples compare alike."""
+    def norm(value):
+        return tuple(value) if isinstance(value, (list, tuple)) else value
+
+    return [f"{key} {norm(saved[key])!r} -> {norm(now[key])!r}" for key in sorted(now)
+            if key in saved and key not in _RESUME_NEUTRAL and norm(saved[key]) != norm(now[key])]
+
+
 class Trainer(ABC):
     framework: str   # "pytorch" or "tensorflow": records, checkpoints, messages
 
@@ -289,6 +303,10 @@ class Trainer(ABC):
                     if self.start_step == self.steps else "")
             print(f"hpcai-train: resumed from {path} at epoch {self.start_epoch} step "
                   f"{self.start_step}{done}", flush=True)
+            changed = changed_settings(state.get("config", {}), self.cfg.to_dict())
+            if changed:
+                print("hpcai-train: --resume: these settings differ from the checkpoint's "
+                      "and apply from here on: " + "; ".join(changed), flush=True)
         return per_rank is not None
 
     # -- measurement ----------------------------------------------------------------------
