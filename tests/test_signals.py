@@ -299,7 +299,9 @@ def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path, monkeypatch):
         monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    code, timed_out = run_within(argv, tmp_path / "point.log", limit=8, grace=30)
+    # the ranks start in about 2 s here; 8 s once passed before either had started (a clean-
+    # clone run: empty log, no rank's file, both cases in a row), so 20 s leaves a margin
+    code, timed_out = run_within(argv, tmp_path / "point.log", limit=20, grace=30)
     said = [f.read_text().split("\n")[:-1] for f in out.iterdir()]
     assert timed_out and len(said) == 2, (tmp_path / "point.log").read_text()
     if via == "hpcai-launch":
