@@ -25,9 +25,8 @@ checks the container's ranks against the plan:
   shared node slow single samples down; a size whose samples are slow, as on an
   oversubscribed node, times fewer of them, see :mod:`.probe`). Per size the report shows
   both sides' medians over the trials, their spread and the ratio: the median over the
-  trials of the trial's
-  container speed / bare speed (a trial's two launches run back to back, so load that comes
-  and goes mostly cancels). The floor: at 64 KiB and 4 MiB the ratio must be at least
+  trials of the trial's container speed / bare speed (a trial's two launches run back to
+  back, so load that comes and goes mostly cancels). The floor: at 64 KiB and 4 MiB the ratio must be at least
   ``--threshold`` (0.8). When, after ``--trials``, a judged size has trials on both sides
   of the floor, those trials do not settle its median: validate goes on to ``--max-trials``
   per side (default 3 x ``--trials``) and judges the median of all of them (the output and
