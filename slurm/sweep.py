@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -228,12 +229,19 @@ def _run_mpirun(points, command, results: Path, ns) -> None:
 
 
 def run_within(argv: list[str], log_path: Path, limit: float | None,
-               grace: float = KILL_GRACE_S) -> tuple[int, bool]:
+               grace: float = KILL_GRACE_S, env: Mapping[str, str] | None = None,
+               ) -> tuple[int, bool]:
     """Run one point in its own process group, output to ``log_path``; past ``limit``
     seconds the group gets SIGTERM, after ``grace`` more SIGKILL. Returns (exit code,
-    timed out). An interrupt of the sweep stops the point's group too."""
+    timed out). An interrupt of the sweep stops the point's group too.
+
+    The point gets ``env``, by default a copy of ``os.environ``, and never the C library's
+    environment as it stands: a library may have set variables there that ``os.environ``
+    does not show (Open MPI's singleton ``MPI_Init`` does; an ``mpirun`` that inherits them
+    exits 1 without a word)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ if env is None else env),
                                 start_new_session=True)
         try:
             return proc.wait(timeout=limit), False

@@ -71,6 +71,20 @@ FLAVOURS = _detect_flavours()
 ALL_FLAVOURS = ("openmpi", "mpich", "intel")
 
 
+@pytest.fixture(autouse=True)
+def _no_mpi_init_in_the_suites_process():
+    """Fail the test that first imports ``mpi4py.MPI`` into pytest's own process. That import
+    is ``MPI_Init``; Open MPI's singleton then sets variables with the C library's setenv,
+    unseen by ``os.environ``, and every later child that inherits them and runs ``mpirun``
+    exits 1 without a word (tests/test_signals.py shows it). Ranks belong in subprocesses."""
+    before = "mpi4py.MPI" in sys.modules
+    yield
+    if not before and "mpi4py.MPI" in sys.modules:
+        pytest.fail("this test imported mpi4py.MPI (MPI_Init) into pytest's own process; "
+                    "import the module that needs it in a subprocess, or move the code "
+                    "under test out of a module that imports mpi4py")
+
+
 @pytest.fixture(params=ALL_FLAVOURS)
 def mpi(request) -> MpiUnderTest:
     """Each MPI flavour installed here (skipped, with the reason, when one is missing)."""

@@ -379,7 +379,7 @@ def test_a_two_rank_3dgan_resume_continues_bit_for_bit(tmp_path):
 
 
 def test_changed_settings_names_what_a_resume_changes():
-    from hpcai.training.trainer import changed_settings
+    from hpcai.training.config import changed_settings   # no MPI in this process
     saved = {"epochs": 64, "loss_weights": [8.0, 0.2, 0.1], "out": "a", "resume": False,
              "lr": 2e-4}
     now = {"epochs": 80, "loss_weights": (8.0, 0.2, 1.0), "out": "b", "resume": True,

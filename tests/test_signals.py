@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FLAVOURS, base_env
+from conftest import FLAVOURS, base_env, run
 from hpcai.launcher.abi import FLAVOURS as RECORDS
 from jobs import wait_for
 from apptainer_rig import apptainer_rig  # noqa: F401 - fixture
@@ -281,7 +281,7 @@ def test_in_apptainer_the_ranks_checkpoint_too(target, apptainer_rig, image, tmp
 
 
 @pytest.mark.parametrize("via", ["hpcai-launch", "mpirun itself (control)"])
-def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path, monkeypatch):
+def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path):
     """``sweep``'s time limit (``slurm.sweep.run_within``) sends SIGTERM to the point's
     process group: through hpcai-launch the ranks checkpoint before the grace ends. The
     control runs the same ranks under Open MPI's mpirun alone: they end without one."""
@@ -294,18 +294,73 @@ def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path, monkeypatch):
     argv = (["hpcai-launch", "--mpi", "openmpi", "--mpirun", mpi.launcher, "-N", "2", "--",
              *command] if via == "hpcai-launch" else
             [mpi.launcher, "-n", "2", *mpi.direct_args, "--oversubscribe", *command])
-    env = base_env(**mpi.env)       # run_within passes this process's environment on
-    for key in set(os.environ) - set(env):
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    # the ranks start in about 2 s here; 8 s once passed before either had started (a clean-
-    # clone run: empty log, no rank's file, both cases in a row), so 20 s leaves a margin
-    code, timed_out = run_within(argv, tmp_path / "point.log", limit=20, grace=30)
+    code, timed_out = run_within(argv, tmp_path / "point.log", limit=20, grace=30,
+                                 env=base_env(**mpi.env))
     said = [f.read_text().split("\n")[:-1] for f in out.iterdir()]
-    assert timed_out and len(said) == 2, (tmp_path / "point.log").read_text()
+    assert timed_out and len(said) == 2, (
+        f"exit {code}, timed out {timed_out}, the ranks' files {said}, log:\n"
+        + (tmp_path / "point.log").read_text())
     if via == "hpcai-launch":
         want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
         assert said == [want, want] and code == 0, (tmp_path / "point.log").read_text()
     else:
         assert all("checkpoint" not in lines for lines in said), said
+
+
+# Runs in a fresh Python: MPI_Init as a singleton (``from mpi4py import MPI``), then one
+# 2-rank mpirun of /bin/true, either through run_within or inheriting the C environment.
+AFTER_INIT = r"""
+import os, subprocess, sys
+from pathlib import Path
+from mpi4py import MPI
+from hpcai.slurm.sweep import run_within
+argv = [sys.argv[1], "-n", "2", *sys.argv[3:], "--oversubscribe", "true"]
+if sys.argv[2] == "run_within":
+    code, _ = run_within(argv, Path(os.environ["LOG"]), limit=60)
+else:
+    with open(os.environ["LOG"], "w") as log:
+        code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=60).returncode
+print(code, MPI.Get_library_version().splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize("how", ["run_within", "inherited C environment (control)"])
+def test_a_sweep_point_starts_after_mpi_init_in_the_sweeping_process(how, tmp_path):
+    """Open MPI's singleton ``MPI_Init`` sets its variables with the C library's setenv,
+    which ``os.environ`` does not show; an ``mpirun`` that inherits them exits 1 without a
+    word. (A unit test that imported the trainer, and so mpi4py, once did that to this
+    suite's process, and the sweep-point test above then failed in every whole-suite run.)
+    ``run_within`` hands a point ``os.environ``, so its mpirun runs; the control, which
+    inherits the C environment, shows the failure is real on this machine."""
+    mpi = FLAVOURS["openmpi"]
+    env = base_env(LOG=str(tmp_path / "point.log"))
+    result = run([sys.executable, "-c", AFTER_INIT, mpi.launcher, how.split()[0],
+                  *mpi.direct_args], env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    code, library = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert library.startswith("Open MPI"), library     # the singleton that does this
+    log = (tmp_path / "point.log").read_text()
+    if how == "run_within":
+        assert code == "0", log
+    else:
+        assert code == "1" and log == "", (code, log)
+
+
+def test_the_suite_fails_a_test_that_initialises_mpi_in_its_process(tmp_path):
+    """conftest's guard against the above, run on two made-up tests in a pytest of their own:
+    the one that imports mpi4py.MPI in the process errs and is named; the control, which
+    runs the same import in a subprocess, passes."""
+    (tmp_path / "test_made_up.py").write_text(
+        "import subprocess, sys\n"
+        "def test_in_process():\n    from mpi4py import MPI  # noqa: F401\n"
+        "def test_in_a_subprocess():\n"
+        "    subprocess.run([sys.executable, '-c', 'from mpi4py import MPI'], check=True)\n")
+    tests = str(Path(__file__).parent)
+    env = base_env(PYTHONPATH=tests)
+    result = run([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p",
+                  "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_made_up.py")], env,
+                 timeout=120, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ERROR test_made_up.py::test_in_process - Failed" in result.stdout, result.stdout
+    assert "this test imported mpi4py.MPI (MPI_Init)" in result.stdout, result.stdout
+    assert "2 passed, 1 error" in result.stdout, result.stdout   # the control passed

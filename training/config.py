@@ -96,6 +96,20 @@ class TrainConfig:
         return self.out_dir / "checkpoints"
 
 
+# settings a resumed run may change without it meaning anything for the training
+_RESUME_NEUTRAL = frozenset({"resume", "out"})
+
+
+def changed_settings(saved: dict, now: dict) -> list[str]:
+    """The training settings of ``now`` that differ from a checkpoint's ``saved`` (both
+    ``TrainConfig.to_dict()``), as "name old -> new"; lists and tuples compare alike."""
+    def norm(value):
+        return tuple(value) if isinstance(value, (list, tuple)) else value
+
+    return [f"{key} {norm(saved[key])!r} -> {norm(now[key])!r}" for key in sorted(now)
+            if key in saved and key not in _RESUME_NEUTRAL and norm(saved[key]) != norm(now[key])]
+
+
 def make_parser() -> argparse.ArgumentParser:
     from ..core.cli import Parser
 

@@ -29,7 +29,7 @@ from ..core.errors import UserError
 
 from . import checkpoint
 from .batches import BatchStream, EpochSharder
-from .config import TrainConfig
+from .config import TrainConfig, changed_settings
 from .faults import EXIT_PREEMPTED, Preemption
 from .loop import Checked
 from .metrics import provenance
@@ -53,20 +53,6 @@ def _max_rss_mb() -> float:
 def step_seed(seed: int, rank: int, epoch: int, step: int) -> int:
     """Per-rank, per-step RNG seed: a resumed run draws the very same noise."""
     return zlib.crc32(f"{seed}:{rank}:{epoch}:{step}".encode())
-
-
-# settings a resumed run may change without it meaning anything for the training
-_RESUME_NEUTRAL = frozenset({"resume", "out"})
-
-
-def changed_settings(saved: dict, now: dict) -> list[str]:
-    """The training settings of ``now`` that differ from a checkpoint's ``saved`` (both
-    ``TrainConfig.to_dict()``), as "name old -> new"; lists and tuples compare alike."""
-    def norm(value):
-        return tuple(value) if isinstance(value, (list, tuple)) else value
-
-    return [f"{key} {norm(saved[key])!r} -> {norm(now[key])!r}" for key in sorted(now)
-            if key in saved and key not in _RESUME_NEUTRAL and norm(saved[key]) != norm(now[key])]
 
 
 class Trainer(ABC):
