@@ -26,18 +26,18 @@ checks the container's ranks against the plan:
   oversubscribed node, times fewer of them, see :mod:`.probe`). Per size the report shows
   both sides' medians over the trials, their spread and the ratio: the median over the
   trials of the trial's container speed / bare speed (a trial's two launches run back to
-  back, so load that comes and goes mostly cancels). The floor: at 64 KiB and 4 MiB the ratio must be at least
-  ``--threshold`` (0.8). When, after ``--trials``, a judged size has trials on both sides
-  of the floor, those trials do not settle its median: validate goes on to ``--max-trials``
-  per side (default 3 x ``--trials``) and judges the median of all of them (the output and
-  the report say how many ran and why): on a 2-core VM, idle, a launch now and then runs
-  its whole ping-pong at a third of the speed, on either side, and 3 such container
-  launches in 5 once made a healthy set-up FAIL. 8 B latency is reported, not judged: one
-  launch's 8 B latency is 0.47 or 0.65 us here by luck of the launch, on either side.
-  Measured with
-  ``bench/validate_repeat.py`` (2-core VM, other jobs running): in 20 healthy runs the
-  lowest ratio was 0.93 at 64 KiB and 0.89 at 4 MiB (8 B: 0.93); Open MPI forced onto TCP
-  (``btl self,tcp``) 0.32-0.38 at 64 KiB, 0.21-0.35 at 4 MiB (8 B: 0.10-0.12).
+  back, so load that comes and goes mostly cancels). The floor: at 64 KiB and 4 MiB the
+  ratio must be at least ``--threshold`` (0.8). When, after ``--trials``, a judged size has
+  trials on both sides of the floor, those trials do not settle its median: validate goes on
+  to ``--max-trials`` per side (default 3 x ``--trials``) and judges the median of all of
+  them (the output and the report say how many ran and why): on a 2-core VM, idle, a launch
+  now and then runs its whole ping-pong at a third of the speed, on either side, and 3 such
+  container launches in 5 once made a healthy set-up FAIL. 8 B latency is reported, not
+  judged: one launch's 8 B latency is 0.47 or 0.65 us here by luck of the launch, on either
+  side. Measured with ``bench/validate_repeat.py`` (2-core VM, other jobs running): in 20
+  healthy runs the lowest ratio was 0.93 at 64 KiB and 0.89 at 4 MiB (8 B: 0.93); Open MPI
+  forced onto TCP (``btl self,tcp``) 0.32-0.38 at 64 KiB, 0.21-0.35 at 4 MiB (8 B:
+  0.10-0.12).
 
 Each container launch is checked as soon as it ends (the world every time, the MPI, binding
 and fabric on the first trial); the first failure ends the run. A warning the container

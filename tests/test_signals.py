@@ -294,15 +294,15 @@ def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path):
     argv = (["hpcai-launch", "--mpi", "openmpi", "--mpirun", mpi.launcher, "-N", "2", "--",
              *command] if via == "hpcai-launch" else
             [mpi.launcher, "-n", "2", *mpi.direct_args, "--oversubscribe", *command])
-    code, timed_out = run_within(argv, tmp_path / "point.log", limit=20, grace=30,
+    code, timed_out = run_within(argv, tmp_path / "point.log", limit=8, grace=30,
                                  env=base_env(**mpi.env))
     said = [f.read_text().split("\n")[:-1] for f in out.iterdir()]
+    log = (tmp_path / "point.log").read_text()
     assert timed_out and len(said) == 2, (
-        f"exit {code}, timed out {timed_out}, the ranks' files {said}, log:\n"
-        + (tmp_path / "point.log").read_text())
+        f"exit {code}, timed out {timed_out}, the ranks' files {said}, log:\n{log}")
     if via == "hpcai-launch":
         want = ["ready", f"signal {int(signal.SIGUSR1)}", "checkpoint"]
-        assert said == [want, want] and code == 0, (tmp_path / "point.log").read_text()
+        assert said == [want, want] and code == 0, log
     else:
         assert all("checkpoint" not in lines for lines in said), said
 
@@ -358,8 +358,8 @@ def test_the_suite_fails_a_test_that_initialises_mpi_in_its_process(tmp_path):
     tests = str(Path(__file__).parent)
     env = base_env(PYTHONPATH=tests)
     result = run([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p",
-                  "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_made_up.py")], env,
-                 timeout=120, cwd=tmp_path)
+                  "no:cacheprovider", "--rootdir", str(tmp_path),
+                  str(tmp_path / "test_made_up.py")], env, timeout=120, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ERROR test_made_up.py::test_in_process - Failed" in result.stdout, result.stdout
     assert "this test imported mpi4py.MPI (MPI_Init)" in result.stdout, result.stdout
