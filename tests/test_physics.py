@@ -260,3 +260,35 @@ def test_physics_json_gets_the_umasks_permissions(mask, tmp_path):
         os.umask(old)
     assert (tmp_path / "physics.json").stat().st_mode & 0o777 == 0o666 & ~mask
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".physics.json")]
+
+
+@pytest.mark.parametrize("values", [[2.0, 3.0, 5.0], [0.031, 0.05], [1e-4, 3.0, 700.0]])
+def test_a_profile_axis_always_shows_two_labelled_decades(values):
+    """The profile plots turn minor ticks off (half the drawing time); ``_log_axis`` then
+    widens the y range so that two major ticks, each labelled, fall inside it. Control: the
+    same data on a plain log axis without minor ticks shows fewer than two when they span
+    less than a decade."""
+    from hpcai.training import physics_plots
+
+    def majors(ax) -> list[float]:
+        ax.figure.canvas.draw()
+        lo, hi = ax.get_ylim()
+        return [t for t in ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+
+    fig = physics_plots._figure(4, 3, title=False)
+    ax = fig.add_subplot()
+    ax.step(range(len(values)), values)
+    physics_plots._log_axis(ax, values)
+    assert len(majors(ax)) >= 2, (values, ax.get_ylim())
+    assert all(label.get_text() for label in ax.get_yticklabels()
+               if ax.get_ylim()[0] <= label.get_position()[1] <= ax.get_ylim()[1])
+    assert not ax.yaxis.get_minorticklocs().size
+    lo, hi = ax.get_ylim()
+    assert lo <= min(values) and hi >= max(values)
+
+    control = physics_plots._figure(4, 3, title=False).add_subplot()
+    control.step(range(len(values)), values)
+    control.set_yscale("log")
+    control.minorticks_off()
+    if max(values) / min(values) < 10:
+        assert len(majors(control)) < 2, control.get_ylim()
