@@ -30,7 +30,7 @@ import numpy as np
 from common import provenance
 
 from hpcai.models.gan3d_spec import ENERGY_SCALE_GEV
-from hpcai.training.physics import ENERGY_BINS_GEV
+from hpcai.training.physics import ENERGY_BINS_GEV, bin_masks
 from hpcai.training.showers import deposit_scale
 
 
@@ -41,13 +41,15 @@ def file_response(path: Path, scale: tuple[float, float, float] | None = None,
     with h5py.File(path, "r") as f:
         energy = np.asarray(f["target"][:, 1], dtype=np.float64)    # GeV
         sums = np.asarray(f["ECAL"][:], dtype=np.float64).sum(axis=(1, 2, 3))
+    masks = bin_masks(energy)         # the validation's own binning
+    edges = list(zip(ENERGY_BINS_GEV, ENERGY_BINS_GEV[1:]))
     if scale is not None:
         lo, hi, factor = scale
-        sums = np.where((energy >= lo) & (energy < hi), sums * factor, sums)
+        sums = np.where(masks[edges.index((lo, hi))], sums * factor, sums)
     response = sums / deposit_scale(energy / ENERGY_SCALE_GEV)
     rows = []
-    for lo, hi in zip(ENERGY_BINS_GEV, ENERGY_BINS_GEV[1:]):
-        r = response[(energy >= lo) & (energy < hi)]
+    for (lo, hi), mask in zip(edges, masks):
+        r = response[mask]
         rows.append({"bin_gev": [lo, hi], "n": int(r.size),
                      "response": float(r.mean() - 1) if r.size else None,
                      "response_se": float(r.std(ddof=1) / np.sqrt(r.size)) if r.size > 1
@@ -70,7 +72,8 @@ def main() -> int:
     parser.add_argument("--ratio-to", default="200:300", metavar="LO:HI",
                         help="the bin the others are divided by (GeV, a validation bin)")
     parser.add_argument("--scale-bin", metavar="LO:HI:FACTOR",
-                        help="multiply the cells of the events in [LO, HI) GeV by FACTOR")
+                        help="multiply the cells of the events in the validation bin LO-HI GeV "
+                             "by FACTOR")
     args = parser.parse_args()
     edges = list(zip(ENERGY_BINS_GEV, ENERGY_BINS_GEV[1:]))
     try:
@@ -86,6 +89,9 @@ def main() -> int:
             lo, hi, factor = (float(x) for x in args.scale_bin.split(":"))
         except ValueError:
             parser.error(f"--scale-bin {args.scale_bin}: give LO:HI:FACTOR, e.g. 100:200:0.8")
+        if (lo, hi) not in edges:
+            parser.error(f"--scale-bin {args.scale_bin}: {lo:g}-{hi:g} GeV is not a validation "
+                         "bin; use one of " + ", ".join(f"{a:g}:{b:g}" for a, b in edges))
         scale = (lo, hi, factor)
     files = sorted(p for path in args.paths
                    for p in (path.glob("*.h5") if path.is_dir() else [path]))

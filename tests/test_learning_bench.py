@@ -374,6 +374,29 @@ def test_data_response_is_flat_for_generated_files_and_sees_a_scaled_bin(tmp_pat
             assert scaled == plain
 
 
+def test_data_response_bins_the_events_as_the_validation_does(tmp_path):
+    """``data_response`` takes its bins from ``physics.bin_masks``: an event at exactly
+    500 GeV counts in the 400-500 GeV bin, as in the physics validation, and 100 GeV opens
+    the 100-200 GeV bin. The control: a --scale-bin that is not a validation bin is refused
+    (exit 2), where a home-made [lo, hi) mask would have scaled it silently."""
+    import data_response
+    import h5py
+    import numpy as np
+    from hpcai.training import physics
+
+    energy = np.array([10.0, 99.9, 100.0, 250.0, 450.0, 500.0, 500.0])
+    with h5py.File(tmp_path / "edges.h5", "w") as f:
+        f["ECAL"] = np.ones((energy.size, 25, 25, 25), dtype=np.float32)
+        f["target"] = np.stack([np.zeros_like(energy), energy], axis=1)
+    rows = data_response.file_response(tmp_path / "edges.h5")["bins"]
+    assert [row["n"] for row in rows] == [int(m.sum()) for m in physics.bin_masks(energy)]
+    assert [row["n"] for row in rows] == [2, 1, 1, 0, 3]
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "data_response.py"),
+                           str(tmp_path / "edges.h5"), "--scale-bin", "100:250:0.8"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2 and "not a validation bin" in done.stderr, done.stderr
+
+
 def test_response_shape_reads_a_scaled_generator_as_scaled():
     """``rejudge.response_shape`` on made-up showers: a generator that is the real showers
     times 0.8, twice over, is 20 % low in mean and median with the real spread; the control,
