@@ -21,6 +21,8 @@ def _fmt(value) -> str:
 
 
 GENERATORS = {"raw": "the trained generator",
+              "standing": "the trained generator, with BatchNorm statistics measured afresh "
+                          "for its weights (train --validate-bn standing)",
               "average": "the generator's weight average (train --generator-ema)"}
 
 

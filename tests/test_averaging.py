@@ -7,6 +7,10 @@ average and the raw generator on the same events: the two differ after a few ste
 coincide when the decay is so small that the average is the last weights (the control of
 the comparison). A resumed run's average must be the uninterrupted run's, bit for bit, and a
 resume that would drop or invent an average is refused.
+
+``--validate-bn standing`` judges the trained generator with standing statistics measured
+for its current weights, on a copy: its showers are those of the same formula, differ from
+the moving statistics' (the control), and the training itself is the same bit for bit.
 """
 
 from __future__ import annotations
@@ -97,8 +101,8 @@ def test_the_first_average_is_the_first_weights_and_the_state_round_trips():
         WeightAverage(net, 0.9, lambda: []).load_state_dict(average.state_dict())
 
 
-def _gan(decay: float | None) -> GanTask:
-    args = ["3dgan", "--generate", "8", "--cell-scale", "100"]
+def _gan(decay: float | None, *extra: str) -> GanTask:
+    args = ["3dgan", "--generate", "8", "--cell-scale", "100", *extra]
     if decay is not None:
         args += ["--generator-ema", str(decay)]
     cfg = parse(args)
@@ -200,3 +204,69 @@ def test_resume_refuses_to_invent_an_average(tmp_path):
                      "--out", str(out))
     assert invented.returncode == 2, invented.stderr[-2000:]
     assert "the checkpoint has no generator average and this run keeps one" in invented.stderr
+
+
+def test_standing_judges_a_copy_measured_for_the_current_weights():
+    """With --validate-bn standing the trained generator is judged with statistics measured
+    for its weights (the same showers as measuring a copy by hand), not with its moving ones
+    (the control, "raw" of a plain task with the same weights, differs); G's own statistics
+    and mode are untouched, and after another step the copy is measured again."""
+    z = np.random.default_rng(1).standard_normal((4, 200)).astype(np.float32)
+    x = np.zeros((4, 1, 25, 25, 25), np.float32)
+    e = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
+
+    def measured_by_hand(task: GanTask) -> np.ndarray:
+        G = copy.deepcopy(task.G)
+        standing_statistics(G, task._generator_inputs())
+        with torch.no_grad():
+            return G.eval()(torch.from_numpy(e).view(-1, 1) * torch.from_numpy(z)).numpy() / 100
+
+    task, plain = _gan(None, "--validate-bn", "standing"), _gan(None)
+    assert task.generators == ("standing",) and plain.generators == ("raw",)
+    assert _gan(0.9, "--validate-bn", "standing").generators == ("average", "standing")
+    for t in (task, plain):
+        torch.manual_seed(0)        # D's dropout draws from the global generator
+        _train(t, 3)
+    for a, b in zip(task.G.state_dict().values(), plain.G.state_dict().values()):
+        assert torch.equal(a, b)                 # the same training so far
+    moving = {k: v.clone() for k, v in task.G.state_dict().items()}
+    standing = task.physics_pass(x, e, z, generator="standing")[0]
+    np.testing.assert_allclose(standing, measured_by_hand(task), rtol=1e-5, atol=1e-7)
+    raw = plain.physics_pass(x, e, z, generator="raw")[0]
+    assert np.abs(standing - raw).max() > 1e-3 * np.abs(raw).max(), "moving = standing"
+    assert all(torch.equal(v, moving[k]) for k, v in task.G.state_dict().items())
+    assert task.G.training, "the generator's mode was not restored"
+    with pytest.raises(ValueError, match="no generator 'raw'"):
+        task.physics_pass(x, e, z, generator="raw")
+    _train(task, 1)
+    again = task.physics_pass(x, e, z, generator="standing")[0]
+    assert np.abs(again - standing).max() > 0, "not measured again after a step"
+    np.testing.assert_allclose(again, measured_by_hand(task), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.mpi
+def test_standing_validation_leaves_the_training_as_it_was(tmp_path):
+    """Two ranks, with and without --validate-bn standing: every step's losses are the same
+    bit for bit; physics.json names the standing generator and its numbers differ from the
+    moving statistics' (the control). A resume that changes --validate-bn says so, and each
+    validation in physics.json names the statistics it was judged with."""
+    runs = {}
+    for name, extra in (("moving", []), ("standing", ["--validate-bn", "standing"])):
+        out = tmp_path / name
+        done = train(2, *GAN, "--epochs", "2", *extra, "--out", str(out))
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[name] = out
+    steps = {name: [json.loads(line) for line in
+                    (out / "steps.jsonl").read_text().splitlines()]
+             for name, out in runs.items()}
+    assert steps["moving"] == steps["standing"] and len(steps["moving"]) == 4
+    standing, moving = _last(runs["standing"]), _last(runs["moving"])
+    assert standing["generator"] == "standing" and moving["generator"] == "raw"
+    assert "others" not in standing
+    assert [b["real"] for b in standing["bins"]] == [b["real"] for b in moving["bins"]]
+    assert standing["summary"] != moving["summary"], "standing judged like moving"
+    changed = train(2, *GAN, "--epochs", "3", "--resume", "--out", str(runs["standing"]))
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    assert "validate_bn 'standing' -> 'moving'" in changed.stdout, changed.stdout[-2000:]
+    history = json.loads((runs["standing"] / "physics.json").read_text())["validations"]
+    assert [v["generator"] for v in history] == ["standing", "standing", "raw"]

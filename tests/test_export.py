@@ -151,3 +151,35 @@ def test_export_of_a_generator_average_and_of_the_raw_generator(tmp_path):
                    "--raw-generator"], base_env())
     assert refused.returncode == 2 and "the checkpoint has no generator average" in refused.stderr
     assert "hint: leave --raw-generator out" in refused.stderr
+
+
+def test_export_of_a_standing_run_carries_the_statistics_its_validation_used(tmp_path):
+    """``--validate-bn standing``: export-onnx exports the trained weights with BatchNorm
+    statistics measured for them on the validation's fixed inputs, and says so; the ONNX
+    file matches that generator, built here, and fails against the same weights with their
+    moving statistics (the control)."""
+    from hpcai.training.averaging import standing_statistics
+    from hpcai.training.tasks import standing_inputs
+
+    out = tmp_path / "run"
+    result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
+                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3",
+                  "--validate-bn", "standing", "--peak-gflops", "50", "--eval-samples", "0",
+                  "--validate-events", "0", "--out", str(out)], base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    moving = gan3d.Generator()
+    moving.load_state_dict(state["modules"]["generator"])
+    standing = gan3d.Generator()
+    standing.load_state_dict(state["modules"]["generator"])
+    standing_statistics(standing, standing_inputs(2, torch.device("cpu")))
+    onnx_file = tmp_path / "g.onnx"
+    done = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
+                str(onnx_file)], base_env(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "with standing BatchNorm statistics (--validate-bn standing)" in done.stdout
+    x = np.random.default_rng(9).standard_normal((3, gan3d.LATENT)).astype(np.float32)
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    assert _excess(session, standing.eval(), x) <= 1
+    assert _excess(session, moving.eval(), x) > 10

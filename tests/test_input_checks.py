@@ -194,6 +194,9 @@ def test_options_of_the_other_launcher(box):
     (["--generator-ema", "nan"], "--generator-ema must lie between 0 and 1, got nan"),
     (["--framework", "tensorflow", "--generator-ema", "0.99"],
      "--generator-ema 0.99 is implemented for PyTorch only"),
+    (["--validate-bn", "fresh"], "argument --validate-bn: invalid choice: 'fresh'"),
+    (["--framework", "tensorflow", "--validate-bn", "standing"],
+     "--validate-bn standing is implemented for PyTorch only"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,
@@ -211,6 +214,8 @@ def test_resnet_refuses_the_3dgan_data_options(box):
                     str(box.out)), box, "--generator-ema is for 3dgan")
     refused(box.run("hpcai-train", "resnet-tiny", "--validate-draws", "2", "--out",
                     str(box.out)), box, "--validate-draws is for 3dgan")
+    refused(box.run("hpcai-train", "resnet-tiny", "--validate-bn", "standing", "--out",
+                    str(box.out)), box, "--validate-bn is for 3dgan")
 
 
 # --- hpcai-launch -- train: checked once, before any rank starts -------------------------

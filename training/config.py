@@ -37,6 +37,7 @@ IMAGE_DEFAULTS = {"samples": 256, "image_size": 224, "classes": 1000}   # ResNet
 BUCKET_MB = 4.0
 VALIDATE_EVERY, VALIDATE_EVENTS = 1, 256   # 3dgan physics validation
 DEVICES = ("cpu", "cuda")
+VALIDATE_BN = ("moving", "standing")   # 3dgan: --validate-bn
 TRAIN_PROGRAMS = ("train", "hpcai-train")
 TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")
 
@@ -83,6 +84,7 @@ class TrainConfig:
     device: str = "cpu"               # "cuda": each rank on GPU (local rank mod GPUs)
     loss_weights: tuple[float, float, float] = LOSS_WEIGHTS   # 3dgan (BCE, aux, ecal)
     generator_ema: float | None = None   # 3dgan: decay of the generator's weight average
+    validate_bn: str = "moving"       # 3dgan: the judged generator's BatchNorm statistics
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -213,6 +215,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "physics validation then judges the average, with the raw generator "
                         "beside it, and export-onnx exports it. Off by default, as CERN's "
                         "trainer (a departure, docs/3dgan.md)")
+    p.add_argument("--validate-bn", choices=VALIDATE_BN, default="moving",
+                   help="3dgan: the BatchNorm statistics the trained generator is judged and "
+                        "exported with: its moving averages (default, as CERN's predict), or "
+                        "standing ones, measured afresh for its weights at each validation on "
+                        "fixed inputs (the moving averages lag the weights; docs/3dgan.md)")
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="cuda: each rank computes on a GPU (its local rank modulo the GPUs "
                         "it sees); gradients and broadcasts are copied through host memory "
@@ -260,7 +267,7 @@ def parse(argv: list[str]) -> TrainConfig:
         d_bn_in_g_steps=ns.d_bn_in_g_steps,
         cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device,
         loss_weights=LOSS_WEIGHTS if ns.loss_weights is None else ns.loss_weights,
-        generator_ema=ns.generator_ema)
+        generator_ema=ns.generator_ema, validate_bn=ns.validate_bn)
     check_numbers(cfg)
     return cfg
 
@@ -286,7 +293,8 @@ def check_options(ns: argparse.Namespace) -> None:
                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"),
                     ("--cell-scale", ns.cell_scale is not None),
                     ("--loss-weights", ns.loss_weights is not None),
-                    ("--generator-ema", ns.generator_ema is not None))
+                    ("--generator-ema", ns.generator_ema is not None),
+                    ("--validate-bn", ns.validate_bn != "moving"))
         for flag, value in gan_only:
             if value:
                 raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
@@ -298,7 +306,8 @@ def check_options(ns: argparse.Namespace) -> None:
                                      ("--cell-scale", ns.cell_scale or 1.0, 1.0),
                                      ("--loss-weights", ns.loss_weights or LOSS_WEIGHTS,
                                       LOSS_WEIGHTS),
-                                     ("--generator-ema", ns.generator_ema, None)):
+                                     ("--generator-ema", ns.generator_ema, None),
+                                     ("--validate-bn", ns.validate_bn, "moving")):
             if value != default:
                 raise UserError(f"{flag} {value} is implemented for PyTorch only",
                                 f"use --framework pytorch, or leave {flag} out ({default})")

@@ -4,7 +4,9 @@
 
 Loads a training checkpoint (PyTorch, written by ``train``), exports the 3DGAN generator or
 the ResNet with a dynamic batch axis (``torch.onnx.export(dynamo=True)``); a 3DGAN trained
-with ``--generator-ema`` exports its generator weight average unless ``--raw-generator``. It
+with ``--generator-ema`` exports its generator weight average unless ``--raw-generator``; one
+trained with ``--validate-bn standing`` exports its trained generator with the standing
+BatchNorm statistics its validation judged (measured again, on the same fixed inputs). It
 runs the same inputs - batches of 1 and 3 - through PyTorch and ONNX Runtime and compares the
 outputs:
 |onnx - torch| <= 1e-4 + 1e-4 x max|torch| per batch, else the export is deleted and the
@@ -51,7 +53,9 @@ def load_checkpoint(path: Path) -> dict:
 def build(state: dict, model: str, raw_generator: bool = False):
     """(the module to export, an example input, which weights): the checkpoint's weights,
     for a 3DGAN with a generator average (``--generator-ema``) that average unless
-    ``raw_generator``."""
+    ``raw_generator``; the trained generator of a run with ``--validate-bn standing`` gets
+    the standing statistics its validation used (``tasks.standing_inputs`` on the CPU: a run
+    on a GPU drew its inputs there, so its statistics differ by that draw)."""
     import torch
 
     from ..models import gan3d, resnet
@@ -74,6 +78,14 @@ def build(state: dict, model: str, raw_generator: bool = False):
                        f"{average['updates']} steps)")
         else:
             net.load_state_dict(state["modules"]["generator"])
+            if config.get("validate_bn") == "standing":
+                from .averaging import standing_statistics
+                from .tasks import standing_inputs
+
+                standing_statistics(net, standing_inputs(int(config["batch_size"]),
+                                                         torch.device("cpu")))
+                weights = ("the trained weights, with standing BatchNorm statistics "
+                           "(--validate-bn standing)")
         example = torch.randn(2, gan3d.LATENT)
         scale = float(config.get("cell_scale", 1.0))
         if scale != 1.0:                       # the exported generator writes GeV

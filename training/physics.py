@@ -184,7 +184,8 @@ class Validation:
     aux_mape_gen: float | None
     outside_bins: int = 0   # events whose energy lies outside every bin
     gen_empty_fraction: float = 0.0   # generated showers without a cell above threshold
-    generator: str = "raw"  # the trained weights, or "average" (train --generator-ema)
+    generator: str = "raw"  # the trained weights; "standing": with standing BatchNorm
+    #                         statistics (--validate-bn standing); "average": --generator-ema
     draws: int = 1          # generated showers per real event
 
     def summary(self) -> dict[str, float]:

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from ..core.errors import UserError
 from ..models import gan3d, resnet
 
-from .averaging import WeightAverage
+from .averaging import WeightAverage, standing_statistics
 from .config import TrainConfig
 
-STANDING_BATCHES, STANDING_SEED = 16, 0x57A4D   # the generator average's BatchNorm inputs
+STANDING_BATCHES, STANDING_SEED = 16, 0x57A4D   # standing BatchNorm statistics' inputs
 FLOP_CONVENTION = ("1 multiply-add = 2 FLOP (torch.utils.flop_counter.FlopCounterMode); "
                    "training FLOPs = forward + backward of one full iteration as counted")
 
@@ -44,6 +44,15 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr=lr, alpha=0.9)
     return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
+
+
+def standing_inputs(batch_size: int, device: torch.device) -> Iterator[torch.Tensor]:
+    """The batches a generator's standing BatchNorm statistics are measured on (the weight
+    average's, and the trained generator's with ``--validate-bn standing``): E' * z drawn as
+    in training, from a fixed seed, ``STANDING_BATCHES`` of ``batch_size``."""
+    rng = torch.Generator(device).manual_seed(STANDING_SEED)
+    for _ in range(STANDING_BATCHES):
+        yield gan3d.sample_inputs(batch_size, rng)[2]
 
 
 @contextlib.contextmanager
@@ -68,7 +77,9 @@ def _batch_statistics(module: torch.nn.Module):
 
 class GanTask:
     """CERN's 3DGAN: D real, D fake, G, G per iteration (see docs/3dgan.md), with
-    ``--generator-ema`` an average of the generator's weights beside it (``averaging``)."""
+    ``--generator-ema`` an average of the generator's weights beside it (``averaging``), and
+    with ``--validate-bn standing`` a copy of the generator whose BatchNorm statistics are
+    measured afresh for its weights when it is judged (training never uses the copy)."""
 
     name = "3dgan"
     flop_convention = FLOP_CONVENTION
@@ -93,6 +104,9 @@ class GanTask:
         self.batch_size = cfg.batch_size
         self.average = (WeightAverage(self.G, cfg.generator_ema, self._generator_inputs)
                         if cfg.generator_ema is not None else None)
+        self.validate_bn = cfg.validate_bn
+        self._standing: torch.nn.Module | None = None   # G's copy, for --validate-bn standing
+        self._standing_fresh = False     # does it hold G's current weights and statistics?
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -101,15 +115,27 @@ class GanTask:
     @property
     def generators(self) -> tuple[str, ...]:
         """What physics validation judges, the run's result first: the weight average
-        (with ``--generator-ema``), then the raw generator."""
-        return ("average", "raw") if self.average is not None else ("raw",)
+        (with ``--generator-ema``), then the trained generator, with its moving BatchNorm
+        statistics ("raw") or, with ``--validate-bn standing``, standing ones ("standing")."""
+        trained = "standing" if self.validate_bn == "standing" else "raw"
+        return ("average", trained) if self.average is not None else (trained,)
 
     def _generator_inputs(self) -> Iterator[torch.Tensor]:
-        """The batches the average's BatchNorm statistics are measured on: E' * z drawn as in
-        training, from a fixed seed, ``STANDING_BATCHES`` of the run's batch size."""
-        rng = torch.Generator(self.device).manual_seed(STANDING_SEED)
-        for _ in range(STANDING_BATCHES):
-            yield gan3d.sample_inputs(self.batch_size, rng)[2]
+        return standing_inputs(self.batch_size, self.device)
+
+    def standing_generator(self) -> torch.nn.Module:
+        """The trained generator's weights with BatchNorm statistics measured for them on
+        :func:`standing_inputs` (again only after a step or a resume); G itself, its moving
+        statistics included, is left as it is. Every rank holds the same weights, so every
+        rank measures the same statistics without communicating."""
+        if self._standing is None:
+            self._standing = copy.deepcopy(self.G).requires_grad_(False)
+            self._standing_fresh = False
+        if not self._standing_fresh:
+            self._standing.load_state_dict(self.G.state_dict())
+            standing_statistics(self._standing, self._generator_inputs())
+            self._standing_fresh = True
+        return self._standing
 
     def extra_state(self) -> dict:
         """Checkpointed beside the modules and optimisers: the generator's average."""
@@ -118,6 +144,7 @@ class GanTask:
     def load_extra_state(self, state: dict) -> None:
         """Restore :meth:`extra_state` on ``--resume``; a run that would drop, invent or
         change the average is a :class:`UserError`."""
+        self._standing_fresh = False     # G's weights are the checkpoint's now
         saved = state.get("generator_average")
         hint = "resume with the --generator-ema the run was started with, or start a new --out"
         if (saved is None) != (self.average is None):
@@ -143,6 +170,7 @@ class GanTask:
                                      after_backward, self.d_bn_in_g_steps, self.loss_weights)
         if self.average is not None:
             self.average.update(self.G)
+        self._standing_fresh = False
         return losses
 
     def _to_network(self, x: np.ndarray) -> torch.Tensor:
@@ -180,15 +208,17 @@ class GanTask:
                      generator: str = "raw", real: bool = True, batch_statistics: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(G(E' z) in GeV, aux of D on x, aux of D on G(E' z)) as NumPy, both networks in
-        inference mode (moving BatchNorm statistics, no dropout), their modes restored
-        afterwards. ``x`` is in GeV, as read. ``generator``: one of :attr:`generators`;
+        inference mode (moving BatchNorm statistics, the standing ones for the "standing"
+        generator, no dropout), their modes restored afterwards. ``x`` is in GeV, as read.
+        ``generator``: one of :attr:`generators`;
         ``real`` False: D is not run on ``x`` (its aux comes back empty), for a second
         generator on the same events. ``batch_statistics``: G as the generator steps run it,
         its BatchNorm normalising each ``chunk`` of events with that chunk's own statistics
         (the moving ones untouched)."""
         if generator not in self.generators:
             raise ValueError(f"no generator {generator!r} here: {self.generators}")
-        G = self.G if generator == "raw" else self.average.module()
+        G = {"raw": lambda: self.G, "average": lambda: self.average.module(),
+             "standing": self.standing_generator}[generator]()
         modes = [(m, m.training) for net in (G, self.D) for m in net.modules()]
         G.eval()
         self.D.eval()
