@@ -132,7 +132,7 @@ def _learning_table(files: list[tuple[str, dict]]) -> str:
         rows = [(run, str(run["seed"]), verdict) for run in data["runs"]]
         if "raw_generator" in data:   # --generator-ema: the average, then the raw control
             rows = [(run, f"{run['seed']} (average)", verdict) for run in data["runs"]] + [
-                ({**run, **run["raw"]}, f"{run['seed']} (raw)",
+                ({**run, **run["raw"]}, f"{run['seed']} ({run['raw']['generator']})",
                  said(data["raw_generator"]["verdict"])) for run in data["runs"]]
         for run, seed, verdict in rows:
             hist = run["history"]
