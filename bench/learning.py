@@ -421,9 +421,18 @@ def main() -> int:
         workdir = (Path(args.workdir) if args.workdir
                    else Path(stack.enter_context(tempfile.TemporaryDirectory())))
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=max(1, args.jobs)))
-        for done in as_completed([pool.submit(run_seed, seed, args, workdir)
-                                  for seed in seeds]):
-            runs.append(done.result())
+        futures = {pool.submit(run_seed, seed, args, workdir): seed for seed in seeds}
+        for done in as_completed(futures):
+            try:
+                runs.append(done.result())
+            except BaseException:
+                # a seed that failed ends the benchmark: the seeds not yet started are not
+                # started (the pool would run them, for hours, into a result never written)
+                dropped = [seed for f, seed in futures.items() if f.cancel()]
+                if dropped:
+                    print(f"seed {futures[done]} failed: seeds {dropped} not started; rerun "
+                          "with --train-arg=--resume to continue every seed", flush=True)
+                raise
             runs.sort(key=lambda r: seeds.index(r["seed"]))
             write(path, args, info, seeds, runs, start)  # an interrupted run keeps its seeds
     if any(r["stopped_at_deadline"] for r in runs):

@@ -427,3 +427,37 @@ def test_response_shape_reads_a_scaled_generator_as_scaled():
             pytest.approx(-0.2)
         assert lo["gen_cv"] == pytest.approx(lo["real_cv"]) == pytest.approx(s["gen_cv"])
         assert 0.03 < s["real_cv"] < 0.07 and lo["showers"] == 2 * lo["events"]
+
+
+def test_a_failed_seed_ends_the_benchmark_without_starting_the_others(tmp_path, monkeypatch,
+                                                                       capsys):
+    """One seed's training failing (here the stall watchdog's exit 124) ends the benchmark
+    with that error, and the seeds queued behind it are never started. The control is the
+    same call with no failure: every seed runs."""
+    started = []
+
+    def fake_seed(seed, args, workdir):
+        started.append(seed)
+        if fail and seed == 2:
+            raise SystemExit("error: seed 2: training exited 124")
+        return {"seed": seed, "stopped_at_deadline": False}
+
+    monkeypatch.setattr(learning, "run_seed", fake_seed)
+    monkeypatch.setattr(learning, "write", lambda *a, **k: None)
+    argv = ["learning.py", "--seeds", "2,1,3", "--workdir", str(tmp_path),
+            "--json", str(tmp_path / "l.json")]
+    monkeypatch.setattr(sys, "argv", argv)
+    fail = True
+    with pytest.raises(SystemExit, match="seed 2: training exited 124"):
+        learning.main()
+    assert started == [2]
+    assert "seeds [1, 3] not started" in capsys.readouterr().out
+
+    fail, started[:] = False, []
+    monkeypatch.setattr(learning, "judge", lambda runs: {"checks": {}, "passed": True})
+    monkeypatch.setattr(learning, "table", lambda runs: "")
+    monkeypatch.setattr(learning, "budgets", lambda runs, steps: None)
+    monkeypatch.setattr(learning, "control", lambda runs, steps, args: {})
+    monkeypatch.setattr(learning, "steps_per_epoch", lambda args, runs: 16)
+    learning.main()
+    assert started == [2, 1, 3]
