@@ -431,7 +431,8 @@ def main() -> int:
                 dropped = [seed for f, seed in futures.items() if f.cancel()]
                 if dropped:
                     print(f"seed {futures[done]} failed: seeds {dropped} not started; rerun "
-                          "with --train-arg=--resume to continue every seed", flush=True)
+                          "with --workdir and --train-arg=--resume to continue every seed "
+                          "from its last checkpoint", flush=True)
                 raise
             runs.sort(key=lambda r: seeds.index(r["seed"]))
             write(path, args, info, seeds, runs, start)  # an interrupted run keeps its seeds

@@ -30,7 +30,8 @@ checkpoint's weights (``training.averaging.standing_statistics`` on the batches 
 average uses: E' * z drawn as in training from a fixed seed) and judges it again on the same
 events and latent vectors (``standing`` in the JSON). The first judgement, with the moving
 statistics the checkpoint carries, is the control: the difference between the two is what the
-statistics, not the weights, do to each bin.
+statistics, not the weights, do to each bin. For a run trained with ``--validate-bn standing``
+the first judgement is still the moving statistics', and ``--standing`` is its own validation.
 
 With ``--batch-statistics`` it last judges the generator as it runs in the generator steps of
 training: BatchNorm normalising each batch of the run's batch size (consecutive held-out
@@ -179,8 +180,10 @@ def main() -> int:
         print(f"error: {ckpt} is not a PyTorch 3dgan checkpoint\n"
               "hint: rejudge reads train 3dgan --framework pytorch runs", file=sys.stderr)
         return 2
+    # the first judgement is always the checkpoint's own statistics (the control), also for a
+    # run validated with --validate-bn standing, whose own validation --standing repeats
     cfg = TrainConfig(**{**state["config"], "loss_weights": tuple(state["config"]["loss_weights"]),
-                         "device": "cpu"})
+                         "device": "cpu", "validate_bn": "moving"})
     task = make_task(cfg, cfg.lr, torch.device("cpu"))
     for name, module in task.modules.items():
         module.load_state_dict(state["modules"][name])

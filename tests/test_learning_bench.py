@@ -351,6 +351,31 @@ def test_deadline_preempts_the_ranks_so_they_checkpoint_mid_epoch(tmp_path):
             if not p.name.endswith("-S000000.pt")], "no checkpoint within the epoch"
 
 
+def test_rejudge_of_a_standing_run_judges_its_moving_statistics_first(tmp_path):
+    """A run trained with --validate-bn standing: rejudge's first judgement is the
+    checkpoint's moving statistics (generator "raw", the control), which differs from the
+    run's own validation, and ``--standing`` gives that validation's numbers exactly."""
+    from conftest import base_env, run
+    from jobs import train
+
+    out = tmp_path / "run"
+    result = train(1, "3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+                   "--epochs", "1", "--validate-events", "8", "--eval-samples", "0",
+                   "--peak-gflops", "50", "--cell-scale", "100", "--validate-bn", "standing",
+                   "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    path = tmp_path / "rejudge.json"
+    done = run([sys.executable, str(REPO / "bench" / "rejudge.py"), str(out), "--events", "8",
+                "--draws", "1", "--standing", "--json", str(path)], base_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(path.read_text())
+    (in_training,) = got["in_training"]
+    assert in_training["generator"] == "standing"
+    assert got["judged"][0]["generator"] == "raw"
+    assert got["judged"][0]["bins"] != in_training["bins"]
+    assert got["standing"]["judged"][0]["bins"] == in_training["bins"]
+
+
 def test_data_response_is_flat_for_generated_files_and_sees_a_scaled_bin(tmp_path):
     """``bench/data_response.py`` on files ``--generate`` writes: every bin's Σcells ÷ f(E')
     is 1 within 1 %. The control scales the 100-200 GeV bin's cells by 0.8 and must read
