@@ -117,20 +117,26 @@ def _train(task: GanTask, steps: int) -> None:
         task.train_step(x, e, torch.Generator().manual_seed(step), None)
 
 
+# four held-out events (no real showers needed) and their latent vectors
+Z = np.random.default_rng(1).standard_normal((4, 200)).astype(np.float32)
+X = np.zeros((4, 1, 25, 25, 25), np.float32)
+E = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
+
+
+def _measured_by_hand(task: GanTask) -> np.ndarray:
+    """The showers (GeV) of a copy of the task's generator, its BatchNorm statistics
+    measured here on the task's standing inputs."""
+    G = copy.deepcopy(task.G)
+    standing_statistics(G, task._generator_inputs())
+    with torch.no_grad():
+        return G.eval()(torch.from_numpy(E).view(-1, 1) * torch.from_numpy(Z)).numpy() / 100
+
+
 def test_physics_pass_judges_the_average_beside_the_raw_generator():
     """After 3 steps the average's showers differ from those of the raw generator with its
     statistics measured the same way; with a decay so small that the average is the last
     weights they coincide (the control)."""
-    z = np.random.default_rng(1).standard_normal((4, 200)).astype(np.float32)
-    x = np.zeros((4, 1, 25, 25, 25), np.float32)
-    e = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
-
-    def raw_measured(task: GanTask) -> np.ndarray:
-        G = copy.deepcopy(task.G)
-        standing_statistics(G, task._generator_inputs())
-        with torch.no_grad():
-            return G.eval()(torch.from_numpy(e).view(-1, 1) * torch.from_numpy(z)).numpy() / 100
-
+    x, e, z, raw_measured = X, E, Z, _measured_by_hand
     task = _gan(0.9)
     assert task.generators == ("average", "raw")
     _train(task, 3)
@@ -211,16 +217,7 @@ def test_standing_judges_a_copy_measured_for_the_current_weights():
     for its weights (the same showers as measuring a copy by hand), not with its moving ones
     (the control, "raw" of a plain task with the same weights, differs); G's own statistics
     and mode are untouched, and after another step the copy is measured again."""
-    z = np.random.default_rng(1).standard_normal((4, 200)).astype(np.float32)
-    x = np.zeros((4, 1, 25, 25, 25), np.float32)
-    e = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
-
-    def measured_by_hand(task: GanTask) -> np.ndarray:
-        G = copy.deepcopy(task.G)
-        standing_statistics(G, task._generator_inputs())
-        with torch.no_grad():
-            return G.eval()(torch.from_numpy(e).view(-1, 1) * torch.from_numpy(z)).numpy() / 100
-
+    x, e, z, measured_by_hand = X, E, Z, _measured_by_hand
     task, plain = _gan(None, "--validate-bn", "standing"), _gan(None)
     assert task.generators == ("standing",) and plain.generators == ("raw",)
     assert _gan(0.9, "--validate-bn", "standing").generators == ("average", "standing")

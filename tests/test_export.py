@@ -117,18 +117,22 @@ def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
     assert _excess(session, raw, x) > 10
 
 
+def _three_steps(out: Path, *flags: str) -> tuple[Path, dict]:
+    """A 1-rank 3DGAN run of three steps with ``flags``: its checkpoint and what it holds."""
+    result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
+                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3", *flags,
+                  "--peak-gflops", "50", "--eval-samples", "0", "--validate-events", "0",
+                  "--out", str(out)], base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    return ckpt, torch.load(ckpt, map_location="cpu", weights_only=True)
+
+
 def test_export_of_a_generator_average_and_of_the_raw_generator(tmp_path):
     """``--generator-ema``: export-onnx exports the average (what physics validation judged),
     and with ``--raw-generator`` the trained weights; each ONNX file matches its own
     generator, built here from the checkpoint, and fails against the other (the control)."""
-    out = tmp_path / "run"
-    result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
-                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3",
-                  "--generator-ema", "0.5", "--peak-gflops", "50", "--eval-samples", "0",
-                  "--validate-events", "0", "--out", str(out)], base_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    ckpt, state = _three_steps(tmp_path / "run", "--generator-ema", "0.5")
     raw = gan3d.Generator()
     raw.load_state_dict(state["modules"]["generator"])
     average = gan3d.Generator()
@@ -161,14 +165,7 @@ def test_export_of_a_standing_run_carries_the_statistics_its_validation_used(tmp
     from hpcai.training.averaging import standing_statistics
     from hpcai.training.tasks import standing_inputs
 
-    out = tmp_path / "run"
-    result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
-                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3",
-                  "--validate-bn", "standing", "--peak-gflops", "50", "--eval-samples", "0",
-                  "--validate-events", "0", "--out", str(out)], base_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    ckpt, state = _three_steps(tmp_path / "run", "--validate-bn", "standing")
     moving = gan3d.Generator()
     moving.load_state_dict(state["modules"]["generator"])
     standing = gan3d.Generator()
