@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -292,3 +293,35 @@ def test_a_profile_axis_always_shows_two_labelled_decades(values):
     control.minorticks_off()
     if max(values) / min(values) < 10:
         assert len(majors(control)) < 2, control.get_ylim()
+
+
+def test_a_failed_redraw_leaves_the_last_plots_whole(tmp_path, monkeypatch):
+    """``write_plots`` draws each PNG into a temporary file and renames it: a redraw that
+    fails half-way through writing leaves the previous PNG as it was and no temporary file.
+    Control: the same failing write straight into the PNG leaves it cut short."""
+    from matplotlib.figure import Figure
+
+    from hpcai.training import physics_plots
+
+    doc = {"axes": list(physics.AXES), "validations": [{
+        **physics.compare(physics.summarise(_lateral_gauss(ENERGIES), ENERGIES,
+                                            aux=ENERGIES / 100),
+                          physics.summarise(1.5 * _lateral_gauss(ENERGIES), ENERGIES,
+                                            aux=ENERGIES / 100), 0).to_dict(),
+        "summary": {"profile_distance_x": 0.5}}]}
+    paths = physics_plots.write_plots(doc, tmp_path)
+    before = {p: p.read_bytes() for p in paths}
+    assert all(b[:4] == b"\x89PNG" for b in before.values())
+
+    def half_then_fail(self, fname, **kwargs):
+        Path(fname).write_bytes(before[paths[0]][:100])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        physics_plots.write_plots(doc, tmp_path)
+    assert {p: p.read_bytes() for p in paths} == before
+    assert sorted(q.name for q in tmp_path.iterdir()) == sorted(physics_plots.PLOT_NAMES)
+    with pytest.raises(OSError):       # the control: written in place, the PNG is cut short
+        physics_plots.profiles(doc, paths[0])
+    assert len(paths[0].read_bytes()) == 100

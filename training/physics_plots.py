@@ -13,6 +13,7 @@ ticks: each roughly halves the time a figure takes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PHYSICS_FILE = "physics.json"   # written by ``validation.record``
@@ -118,8 +119,15 @@ def metrics(doc: dict, path: Path) -> None:
 
 
 def write_plots(doc: dict, out_dir: Path) -> list[Path]:
-    """Draw the three PNGs of the physics.json document ``doc`` into ``out_dir``."""
+    """Draw the three PNGs of the physics.json document ``doc`` into ``out_dir``, each into a
+    temporary file beside it renamed over it, so a reader never sees half a PNG and a redraw
+    that fails leaves the last one whole."""
     paths = [out_dir / name for name in PLOT_NAMES]
     for draw, path in zip((profiles, sampling_fraction, metrics), paths):
-        draw(doc, path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            draw(doc, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return paths
