@@ -33,6 +33,8 @@ from hpcai.models.gan3d_spec import ENERGY_SCALE_GEV
 from hpcai.training.physics import ENERGY_BINS_GEV, bin_masks
 from hpcai.training.showers import deposit_scale
 
+EDGES = list(zip(ENERGY_BINS_GEV, ENERGY_BINS_GEV[1:]))   # (lo, hi) GeV of each validation bin
+
 
 def file_response(path: Path, scale: tuple[float, float, float] | None = None,
                   ratio_to: tuple[float, float] = (200.0, 300.0)) -> dict:
@@ -41,14 +43,13 @@ def file_response(path: Path, scale: tuple[float, float, float] | None = None,
     with h5py.File(path, "r") as f:
         energy = np.asarray(f["target"][:, 1], dtype=np.float64)    # GeV
         sums = np.asarray(f["ECAL"][:], dtype=np.float64).sum(axis=(1, 2, 3))
-    masks = bin_masks(energy)         # the validation's own binning
-    edges = list(zip(ENERGY_BINS_GEV, ENERGY_BINS_GEV[1:]))
+    masks = bin_masks(energy)         # the validation's own binning, bin by bin as EDGES
     if scale is not None:
         lo, hi, factor = scale
-        sums = np.where(masks[edges.index((lo, hi))], sums * factor, sums)
+        sums = np.where(masks[EDGES.index((lo, hi))], sums * factor, sums)
     response = sums / deposit_scale(energy / ENERGY_SCALE_GEV)
     rows = []
-    for (lo, hi), mask in zip(edges, masks):
+    for (lo, hi), mask in zip(EDGES, masks):
         r = response[mask]
         rows.append({"bin_gev": [lo, hi], "n": int(r.size),
                      "response": float(r.mean() - 1) if r.size else None,
@@ -75,23 +76,22 @@ def main() -> int:
                         help="multiply the cells of the events in the validation bin LO-HI GeV "
                              "by FACTOR")
     args = parser.parse_args()
-    edges = list(zip(ENERGY_BINS_GEV, ENERGY_BINS_GEV[1:]))
     try:
         ratio_to = tuple(float(x) for x in args.ratio_to.split(":"))
-        if ratio_to not in edges:
+        if ratio_to not in EDGES:
             raise ValueError
     except ValueError:
         parser.error(f"--ratio-to {args.ratio_to}: not a validation bin; use one of "
-                     + ", ".join(f"{lo:g}:{hi:g}" for lo, hi in edges))
+                     + ", ".join(f"{lo:g}:{hi:g}" for lo, hi in EDGES))
     scale = None
     if args.scale_bin:
         try:
             lo, hi, factor = (float(x) for x in args.scale_bin.split(":"))
         except ValueError:
             parser.error(f"--scale-bin {args.scale_bin}: give LO:HI:FACTOR, e.g. 100:200:0.8")
-        if (lo, hi) not in edges:
+        if (lo, hi) not in EDGES:
             parser.error(f"--scale-bin {args.scale_bin}: {lo:g}-{hi:g} GeV is not a validation "
-                         "bin; use one of " + ", ".join(f"{a:g}:{b:g}" for a, b in edges))
+                         "bin; use one of " + ", ".join(f"{a:g}:{b:g}" for a, b in EDGES))
         scale = (lo, hi, factor)
     files = sorted(p for path in args.paths
                    for p in (path.glob("*.h5") if path.is_dir() else [path]))

@@ -13,8 +13,10 @@ ticks: each roughly halves the time a figure takes.
 
 from __future__ import annotations
 
-import os
+import math
 from pathlib import Path
+
+from .atomic import replacing
 
 PHYSICS_FILE = "physics.json"   # written by ``validation.record``
 SCHEMA_VERSION = 1              # of physics.json
@@ -37,8 +39,6 @@ def _figure(width: float, height: float, *, title: bool, hspace: float = 0.6):
 def _log_axis(ax, values: list[float]) -> None:
     """A log y axis without minor ticks, spanning at least one decade below the largest
     power of ten under the data's maximum, so it always shows two labelled major ticks."""
-    import math
-
     ax.set_yscale("log")
     ax.minorticks_off()
     positive = [v for v in values if v > 0]
@@ -124,10 +124,6 @@ def write_plots(doc: dict, out_dir: Path) -> list[Path]:
     that fails leaves the last one whole."""
     paths = [out_dir / name for name in PLOT_NAMES]
     for draw, path in zip((profiles, sampling_fraction, metrics), paths):
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        with replacing(path) as tmp:
             draw(doc, tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
     return paths

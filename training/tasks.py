@@ -217,8 +217,8 @@ class GanTask:
         (the moving ones untouched)."""
         if generator not in self.generators:
             raise ValueError(f"no generator {generator!r} here: {self.generators}")
-        G = {"raw": lambda: self.G, "average": lambda: self.average.module(),
-             "standing": self.standing_generator}[generator]()
+        G = (self.average.module() if generator == "average" else
+             self.standing_generator() if generator == "standing" else self.G)
         modes = [(m, m.training) for net in (G, self.D) for m in net.modules()]
         G.eval()
         self.D.eval()

@@ -21,7 +21,6 @@ the others go beside it into ``physics.json`` as ``others``.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import numpy as np
 from ..models.gan3d_spec import ENERGY_SCALE_GEV, LATENT
 
 from . import physics
+from .atomic import replacing
 from .physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
 from .shower_data import DatasetIndex, ShowerReader
 
@@ -110,17 +110,10 @@ class PhysicsValidator:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``. The file
-    gets the umask's permissions, as the run's other files do (``mkstemp`` would make it
-    0600, unreadable to the group sharing a project directory)."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``text`` whole over ``path`` (``atomic.replacing``), with the umask's
+    permissions, as the run's other files (a group sharing a project directory reads it)."""
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def entry(validations: list[physics.Validation]) -> dict:
