@@ -394,10 +394,15 @@ def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: tor
 _PART_NAMES = ("bce", "aux", "ecal")
 
 
+def _value(loss: torch.Tensor) -> float:
+    """The loss as a float; NaN for a shape-only (meta) tensor, which has no value."""
+    return math.nan if loss.is_meta else float(loss.detach())
+
+
 def _record(out: dict[str, float], key: str, total: torch.Tensor, parts) -> None:
-    out[key] = float(total.detach())
+    out[key] = _value(total)
     for name, part in zip(_PART_NAMES, parts):
-        out[f"{key}_{name}"] = float(part.detach())
+        out[f"{key}_{name}"] = _value(part)
 
 
 def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,

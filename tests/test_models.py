@@ -479,3 +479,37 @@ def test_cell_scale_is_the_loss_of_scaling_f_by_the_same_factor(D):
     assert gan3d.discriminator_real_loss(scaled, x * 100.0, e, rng(22))[1][2].item() == 0.0
     control = gan3d.mape(f, D(x * 100.0)[2]).item()
     assert control > 10 * cern_2020
+
+
+# --- FLOPs per sample: counted on shape-only copies -----------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["3dgan"], ["3dgan", "--bn-axis", "depth", "--channels-first"],
+    ["resnet-tiny", "--image-size", "32"],
+    ["resnet-tiny", "--image-size", "32", "--channels-first"]])
+def test_the_flop_count_on_meta_tensors_equals_a_real_iterations(argv):
+    """The trainer's count (``META`` copies, nothing computed) equals FlopCounterMode's count
+    of the same iteration run on the CPU, whose losses are real numbers (the meta one's are
+    NaN: it computed nothing). Control: a ResNet at another image size counts differently,
+    so an equality here can fail."""
+    from hpcai.training.config import parse
+    from hpcai.training.tasks import make_task
+
+    task = make_task(parse([*argv, "--generate", "8"] if argv[0] == "3dgan" else argv), 1e-3)
+    meta = task.flops_per_sample()
+    real = task.flops_per_sample(device=torch.device("cpu"))
+    assert meta == real and meta > 0
+    if argv[0] == "3dgan":   # the meta iteration really ran nothing; the real one did
+        G, D = copy.deepcopy(task.G), copy.deepcopy(task.D)
+        args = (torch.optim.SGD(G.parameters(), lr=0.0), torch.optim.SGD(D.parameters(), lr=0.0))
+        losses = gan3d.gan_iteration(G, D, *args, torch.rand(2, 1, 25, 25, 25),
+                                     torch.ones(2), rng())
+        assert all(math.isfinite(v) for v in losses.values())
+        G, D = G.to("meta"), D.to("meta")
+        args = (torch.optim.SGD(G.parameters(), lr=0.0), torch.optim.SGD(D.parameters(), lr=0.0))
+        losses = gan3d.gan_iteration(G, D, *args, torch.empty(2, 1, 25, 25, 25, device="meta"),
+                                     torch.empty(2, device="meta"), rng())
+        assert all(math.isnan(v) for v in losses.values())
+    else:                    # control: another image size, another count
+        other = make_task(parse([*argv[:2], "48", *argv[3:]]), 1e-3)
+        assert other.flops_per_sample() != meta

@@ -1,5 +1,5 @@
 """The PyTorch models as training tasks: modules, optimisers, one training step, FLOPs per
-sample (counted by ``torch.utils.flop_counter``).
+sample (counted by ``torch.utils.flop_counter`` on shape-only copies, ``META``).
 
 A task owns no communication: ``train_step`` takes an ``after_backward(module)`` callback that
 the engine uses to average gradients before each optimiser step. Batches arrive as NumPy
@@ -24,6 +24,7 @@ from .averaging import WeightAverage, standing_statistics
 from .config import TrainConfig
 
 STANDING_BATCHES, STANDING_SEED = 16, 0x57A4D   # standing BatchNorm statistics' inputs
+META = torch.device("meta")   # tensors with shapes and no data: the FLOP count computes nothing
 FLOP_CONVENTION = ("1 multiply-add = 2 FLOP (torch.utils.flop_counter.FlopCounterMode); "
                    "training FLOPs = forward + backward of one full iteration as counted")
 
@@ -240,14 +241,16 @@ class GanTask:
                 m.training = mode
         return np.concatenate(generated), np.concatenate(aux_real), np.concatenate(aux_gen)
 
-    def flops_per_sample(self, batch: int = 2) -> float:
-        """One whole iteration (4 optimiser steps) per real sample, on copies of the models."""
-        G, D = copy.deepcopy(self.G), copy.deepcopy(self.D)
+    def flops_per_sample(self, batch: int = 2, device: torch.device = META) -> float:
+        """One whole iteration (4 optimiser steps) per real sample, on copies of the models
+        on ``device``: by default shape-only (``META``), the same count without the
+        arithmetic (the random draws stay on the CPU)."""
+        G, D = copy.deepcopy(self.G).to(device), copy.deepcopy(self.D).to(device)
         opt_g = torch.optim.SGD(G.parameters(), lr=0.0)
         opt_d = torch.optim.SGD(D.parameters(), lr=0.0)
-        x = torch.rand(batch, 1, 25, 25, 25, device=self.device)
-        e = torch.full((batch,), 1.0, device=self.device)
-        rng = torch.Generator(self.device).manual_seed(0)
+        x = torch.rand(batch, 1, 25, 25, 25).to(device)
+        e = torch.full((batch,), 1.0).to(device)
+        rng = torch.Generator().manual_seed(0)
         return count_flops(lambda: gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng)) / batch
 
 
@@ -313,11 +316,13 @@ class ResNetTask:
         finally:
             self.net.train(was)
 
-    def flops_per_sample(self, batch: int = 2) -> float:
-        net = copy.deepcopy(self.net)
+    def flops_per_sample(self, batch: int = 2, device: torch.device = META) -> float:
+        """Forward and backward per sample, on a copy of the network on ``device`` (by
+        default shape-only, ``META``)."""
+        net = copy.deepcopy(self.net).to(device)
         x = self._prepare(torch.randn(batch, 3, self.image_size, self.image_size,
-                                      device=self.device))
-        y = torch.zeros(batch, dtype=torch.long, device=self.device)
+                                      device=device))
+        y = torch.zeros(batch, dtype=torch.long, device=device)
 
         def step() -> None:
             F.cross_entropy(net(x), y).backward()
