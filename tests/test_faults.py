@@ -266,6 +266,33 @@ def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp
 
 
 @pytest.mark.mpi
+def test_a_stop_draws_the_validations_the_plots_lack(tmp_path):
+    """Within a run's first minute a validation goes into physics.json but is not drawn
+    (``validation.PlotClock``: every rank waits while rank 0 draws). A preemption signal
+    in the next epoch stops the run, and rank 0 draws the plots before it exits: they exist,
+    are newer than physics.json, and the log says so. The control is
+    ``test_3dgan_two_ranks_on_generated_data``: a run that ends normally draws its last
+    validation when it makes it and prints no such line."""
+    out, tag = tmp_path / "run", uuid.uuid4().hex
+    args = ["3dgan", "--generate", "96", "--batch-size", "2", "--max-steps", "4",
+            "--epochs", "2", "--validate-events", "8", "--eval-samples", "0",
+            "--peak-gflops", "50", "--cell-scale", "100"]
+    ready = lambda pids: wait_for(   # noqa: E731
+        lambda: (out / "physics.json").exists(), 240, "the first validation")
+    code, text, _ = _usr1_when(out, args, tag, ready)
+    assert code == 75, text[-3000:]
+    assert f"preempted by signal {int(signal.SIGUSR1)}" in text
+    assert f"physics plots drawn at the stop: {out}" in text, text[-3000:]
+    doc = json.loads((out / "physics.json").read_text())
+    assert [v["epoch"] for v in doc["validations"]] == [0]
+    for name in ("physics-profiles.png", "physics-sampling-fraction.png",
+                 "physics-metrics.png"):
+        png = out / name
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        assert png.stat().st_mtime_ns >= (out / "physics.json").stat().st_mtime_ns
+
+
+@pytest.mark.mpi
 def test_a_stop_after_an_epochs_last_step_finishes_that_epoch_on_resume(tmp_path):
     """A signal that stops the job after an epoch's last step checkpoints (epoch, steps),
     before the epoch's end. The resumed run does that end first: the epoch's record (no steps,

@@ -325,3 +325,25 @@ def test_a_failed_redraw_leaves_the_last_plots_whole(tmp_path, monkeypatch):
     with pytest.raises(OSError):       # the control: written in place, the PNG is cut short
         physics_plots.profiles(doc, paths[0])
     assert len(paths[0].read_bytes()) == 100
+
+
+def test_the_plot_clock_redraws_at_most_every_interval_and_always_at_the_end():
+    """``PlotClock`` on a fake clock: within the interval of its start or of the last
+    drawing a validation is not drawn (``behind``), the run's last one always is, and one
+    after the interval is again. Control: an interval of 0 draws every validation."""
+    from hpcai.training.validation import PlotClock
+
+    now = [0.0]
+    clock = PlotClock(every_s=60.0, clock=lambda: now[0])
+    plan = []
+    for t, last in ((10.0, False), (59.0, False), (61.0, False), (90.0, False), (95.0, True)):
+        now[0] = t
+        due = clock.due(last)
+        plan.append((due, clock.behind))
+        if due:
+            clock.drawn()
+            assert not clock.behind
+    assert plan == [(False, True), (False, True), (True, False), (False, True),
+                    (True, False)]
+    every = PlotClock(every_s=0.0, clock=lambda: now[0])
+    assert all(every.due(last=False) for _ in range(3)) and not every.behind

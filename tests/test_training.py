@@ -61,6 +61,7 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     assert sorted(p.name for p in (out / "data").glob("Ele_*.h5")) == [
         "Ele_1001234_0.h5", "Ele_1234_0.h5"]
     assert "16 of 64 held-out events (Ele_1001234_0.h5)" in result.stdout
+    assert "physics plots drawn at the stop" not in result.stdout   # drawn at the last one
     doc = json.loads((out / "physics.json").read_text())
     assert [v["epoch"] for v in doc["validations"]] == [0, 1]
     assert [v["summary"] for v in doc["validations"]] == [r["physics"] for r in epochs]

@@ -39,7 +39,7 @@ from .schedule import learning_rate
 from .shower_data import ShowerReader, split_files, validate
 from .showers import generate, held_out_seed
 from .synthetic_images import SyntheticImages
-from .validation import PhysicsValidator, due, record as record_physics
+from .validation import PhysicsValidator, PlotClock, due, record as record_physics, redraw
 from .watchdog import Watchdog
 
 STATE_VERSION = 1   # of the checkpoint's contents
@@ -70,6 +70,7 @@ class Trainer(ABC):
         self.validator = (PhysicsValidator(held_out, cfg.validate_events, cfg.seed, comm,
                                            cfg.validate_draws)
                           if held_out is not None and cfg.validate_events > 0 else None)
+        self.plots = PlotClock()   # rank 0's redrawing of the physics plots
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
@@ -340,6 +341,7 @@ class Trainer(ABC):
                     by = self.preemption.signal or "on another rank"
                     print(f"hpcai-train: preempted by signal {by}: checkpoint {name}; rerun "
                           "with --resume to continue", flush=True)
+                self._catch_up_plots()
                 self.watch.finish()
                 return EXIT_PREEMPTED
         self.watch.finish()
@@ -424,7 +426,10 @@ class Trainer(ABC):
             watch.enter("physics validation")   # collective: every rank its share
             validations = self.validator.run(self.task, epoch)
             if validations is not None:   # rank 0
-                record_physics(cfg.out_dir, validations, self.validator.held_out)
+                draw = self.plots.due(last=epoch == cfg.epochs - 1)
+                record_physics(cfg.out_dir, validations, self.validator.held_out, draw=draw)
+                if draw:
+                    self.plots.drawn()
                 physics_summary = validations[0].summary()
         watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
         evaluated = self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None
@@ -489,6 +494,15 @@ class Trainer(ABC):
         x, y = self.data.read(list(range(len(self.data) - count, len(self.data))))
         metrics = self.task.evaluate(x, y)
         return {"samples": count, **{k: round(v, 5) for k, v in metrics.items()}}
+
+    def _catch_up_plots(self) -> None:
+        """Rank 0, when the run stops early: draw the validations the plots lack."""
+        if self.rank == 0 and self.plots.behind:
+            self.watch.enter("physics plots")
+            redraw(self.cfg.out_dir)
+            self.plots.drawn()
+            print(f"hpcai-train: physics plots drawn at the stop: {self.cfg.out_dir}",
+                  flush=True)
 
     def _maybe_inject_fault(self) -> None:
         """``HPCAI_INJECT_FAULT=RANK:STEP`` raises on that rank after that global step, so

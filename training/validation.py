@@ -7,7 +7,9 @@ those of a run with one draw), and summarises real and generated showers
 (``physics.summarise``). Rank 0 gathers the summaries, compares them bin by bin
 (``physics.compare``) and keeps the history in ``OUT/physics.json`` (rewritten atomically
 after every validation, earlier validations kept on ``--resume``) with the plots beside it
-(``physics_plots``).
+(``physics_plots``). Every rank waits while rank 0 draws (about 1.5 s here), so ``PlotClock``
+redraws them during a run at most once a minute, and always after the last validation and
+when the run stops early; ``hpcai-launch report`` redraws them from the JSON at any time.
 
 The task's hook: ``physics_pass(x, e, z, generator=G) -> (generated, aux_real, aux_gen)`` on
 NumPy arrays (x (n,1,25,25,25) GeV, E' (n,), z (n, latent)): generator G at E' * z and the
@@ -21,7 +23,9 @@ the others go beside it into ``physics.json`` as ``others``.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -33,11 +37,33 @@ from .physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
 from .shower_data import DatasetIndex, ShowerReader
 
 LATENT_SEED = 0x3D6A   # with --seed: the per-event latent vectors of every validation
+PLOT_EVERY_S = 60.0    # during a run, the plots are redrawn at most this often
 
 
 def due(epoch: int, epochs: int, every: int) -> bool:
     """Validate after ``epoch`` (0-based): every ``every`` epochs, and after the last."""
     return epoch == epochs - 1 or (every > 0 and (epoch + 1) % every == 0)
+
+
+class PlotClock:
+    """Rank 0's schedule for redrawing the plots: after the run's last validation, and
+    after any other when the last drawing (at first, the clock's creation) is at least
+    ``every_s`` old. ``behind``: a validation is in physics.json but not in the plots."""
+
+    def __init__(self, every_s: float = PLOT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.last = clock()
+        self.behind = False
+
+    def due(self, last: bool) -> bool:
+        """Whether to draw after this validation (``last``: the run's last one)."""
+        due = last or self.clock() - self.last >= self.every_s
+        self.behind = not due
+        return due
+
+    def drawn(self) -> None:
+        self.last, self.behind = self.clock(), False
 
 
 class PhysicsValidator:
@@ -127,11 +153,11 @@ def entry(validations: list[physics.Validation]) -> dict:
 
 
 def record(out_dir: Path, validations: list[physics.Validation],
-           held_out: DatasetIndex) -> Path:
+           held_out: DatasetIndex, draw: bool = True) -> Path:
     """Rank 0: add one validation (``validations``: one per generator, the run's result
     first) to ``OUT/physics.json`` (replacing any of the same or a later epoch, left by a
-    run that was resumed) and redraw the plots, of the first generator. Returns the JSON's
-    path."""
+    run that was resumed) and, with ``draw``, redraw the plots, of the first generator.
+    Returns the JSON's path."""
     path = out_dir / PHYSICS_FILE
     epoch = validations[0].epoch
     history = []
@@ -146,5 +172,12 @@ def record(out_dir: Path, validations: list[physics.Validation],
            "definitions": "docs/3dgan.md, Physics validation (hpcai.training.physics)",
            "validations": history}
     _atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    write_plots(doc, out_dir)
+    if draw:
+        write_plots(doc, out_dir)
     return path
+
+
+def redraw(out_dir: Path) -> list[Path]:
+    """Rank 0: draw the plots of ``OUT/physics.json`` as it is."""
+    doc = json.loads((out_dir / PHYSICS_FILE).read_text(encoding="utf-8"))
+    return write_plots(doc, out_dir)
