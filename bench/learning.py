@@ -34,7 +34,8 @@ event: the control that says whether the average made the difference.
 A seed whose generator has died (every generated shower empty in ``--stop-dead``
 validations in a row, default 2) is stopped early (SIGUSR1, see ``preempt``) and fails: the
 output ReLU then passes no gradient. The JSON is rewritten after every seed (``complete``
-false until all ran).
+false until all ran). A seed that fails ends the benchmark: the seeds queued behind it are
+not started, and with ``--jobs`` above 1 the running ones are stopped at a checkpoint.
 
 With ``--train-arg=--resume`` a seed continues its run directory (``--workdir``) from its last
 checkpoint, and a finished seed is read back at once, so a budget longer than one sitting is
@@ -65,9 +66,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 
 from common import loopback_env, provenance
@@ -90,7 +92,10 @@ def preempt(proc: subprocess.Popen) -> None:
     proc.wait(timeout=300)
 
 
-def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
+def run_seed(seed: int, args: argparse.Namespace, workdir: Path,
+             stop: threading.Event | None = None) -> dict:
+    """Train one seed and read its result. ``stop`` set (another seed failed): the job is
+    preempted (a checkpoint, then exit) and the seed fails."""
     out = workdir / f"seed{seed}"
     argv = ["hpcai-launch", "-N", str(args.ranks), *args.launch_args, "--", "train", "3dgan",
             "--generate",
@@ -118,6 +123,12 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
                 deadline_hit = True
                 preempt(proc)
                 break
+            if stop is not None and stop.is_set():
+                print(f"seed {seed}: another seed failed, stopping this one (SIGUSR1: a "
+                      "checkpoint, then exit)", flush=True)
+                preempt(proc)
+                raise SystemExit(f"error: seed {seed}: stopped at a checkpoint because "
+                                 "another seed failed")
             dead_at = dead_epoch(out / "physics.json", args.stop_dead)
             if dead_at is not None:
                 print(f"seed {seed}: every generated shower empty in {args.stop_dead} "
@@ -125,7 +136,10 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
                       "gradient, stopping this seed", flush=True)
                 preempt(proc)
                 break
-            time.sleep(5)
+            if stop is not None:
+                stop.wait(5)
+            else:
+                time.sleep(5)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -421,19 +435,44 @@ def main() -> int:
         workdir = (Path(args.workdir) if args.workdir
                    else Path(stack.enter_context(tempfile.TemporaryDirectory())))
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=max(1, args.jobs)))
-        futures = {pool.submit(run_seed, seed, args, workdir): seed for seed in seeds}
+        stop = threading.Event()
+
+        def attempt(seed: int) -> dict | None:
+            """Run ``seed`` unless another failed (then None: not started); a failure stops
+            the others at once, from its own thread, before that takes up another seed."""
+            if stop.is_set():
+                return None
+            try:
+                return run_seed(seed, args, workdir, stop)
+            except BaseException:
+                stop.set()
+                raise
+
+        futures = {pool.submit(attempt, seed): seed for seed in seeds}
         for done in as_completed(futures):
             try:
-                runs.append(done.result())
+                run = done.result()
             except BaseException:
                 # a seed that failed ends the benchmark: the seeds not yet started are not
                 # started (the pool would run them, for hours, into a result never written)
-                dropped = [seed for f, seed in futures.items() if f.cancel()]
-                if dropped:
-                    print(f"seed {futures[done]} failed: seeds {dropped} not started; rerun "
-                          "with --workdir and --train-arg=--resume to continue every seed "
-                          "from its last checkpoint", flush=True)
+                # and the running ones stop at a checkpoint
+                stop.set()
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                dropped = [seed for f, seed in futures.items()
+                           if f.cancelled() or (f.exception() is None and f.result() is None)]
+                halted = [seed for f, seed in futures.items()
+                          if f is not done and not f.cancelled() and f.exception() is not None]
+                if dropped or halted:
+                    print(f"seed {futures[done]} failed: seeds {dropped} not started, seeds "
+                          f"{halted} stopped at a checkpoint; rerun with --workdir and "
+                          "--train-arg=--resume to continue every seed from its last "
+                          "checkpoint", flush=True)
                 raise
+            if run is None:   # not started: the failure behind it comes next
+                continue
+            runs.append(run)
             runs.sort(key=lambda r: seeds.index(r["seed"]))
             write(path, args, info, seeds, runs, start)  # an interrupted run keeps its seeds
     if any(r["stopped_at_deadline"] for r in runs):

@@ -3,10 +3,14 @@ passes, each criterion broken alone fails it, and every committed file's verdict
 judge says of its runs today."""
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -461,7 +465,7 @@ def test_a_failed_seed_ends_the_benchmark_without_starting_the_others(tmp_path, 
     same call with no failure: every seed runs."""
     started = []
 
-    def fake_seed(seed, args, workdir):
+    def fake_seed(seed, args, workdir, stop):
         started.append(seed)
         if fail and seed == 2:
             raise SystemExit("error: seed 2: training exited 124")
@@ -486,3 +490,71 @@ def test_a_failed_seed_ends_the_benchmark_without_starting_the_others(tmp_path, 
     monkeypatch.setattr(learning, "steps_per_epoch", lambda args, runs: 16)
     learning.main()
     assert started == [2, 1, 3]
+
+
+def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch, capsys):
+    """With --jobs 2, seed 2 fails while seed 1 trains beside it: seed 1 is told to stop
+    (``run_seed``'s ``stop`` is set), the benchmark ends with seed 2's error and names seed 1
+    as stopped at a checkpoint, and seed 3 never starts. The control is the same call
+    without the failure: nobody sets ``stop``, seed 1 trains to its end and seed 3 runs."""
+    started, stopped = [], []
+    one_running = threading.Event()
+
+    def fake_seed(seed, args, workdir, stop):
+        started.append(seed)
+        if seed == 1:
+            one_running.set()
+            if stop.wait(timeout=2 if not fail else 60):
+                stopped.append(seed)
+                raise SystemExit("error: seed 1: stopped at a checkpoint")
+        if fail and seed == 2:
+            assert one_running.wait(timeout=30)
+            raise SystemExit("error: seed 2: training exited 124")
+        return {"seed": seed, "stopped_at_deadline": False}
+
+    monkeypatch.setattr(learning, "run_seed", fake_seed)
+    monkeypatch.setattr(learning, "write", lambda *a, **k: None)
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--seeds", "2,1,3", "--jobs", "2",
+                                      "--workdir", str(tmp_path)])
+    fail = True
+    begun = time.monotonic()
+    with pytest.raises(SystemExit, match="seed 2: training exited 124"):
+        learning.main()
+    assert time.monotonic() - begun < 30 and stopped == [1] and started == [2, 1]
+    assert "seeds [3] not started, seeds [1] stopped at a checkpoint" in capsys.readouterr().out
+
+    fail, started[:], stopped[:] = False, [], []
+    one_running.clear()
+    monkeypatch.setattr(learning, "judge", lambda runs: {"checks": {}, "passed": True})
+    monkeypatch.setattr(learning, "table", lambda runs: "")
+    monkeypatch.setattr(learning, "budgets", lambda runs, steps: None)
+    monkeypatch.setattr(learning, "control", lambda runs, steps, args: {})
+    monkeypatch.setattr(learning, "steps_per_epoch", lambda args, runs: 16)
+    learning.main()
+    assert sorted(started) == [1, 2, 3] and stopped == []
+
+
+def test_a_stopped_seed_preempts_its_job(tmp_path, monkeypatch):
+    """``run_seed`` with ``stop`` set sends its job SIGUSR1 (the job checkpoints and exits)
+    and fails, naming why; here the job is a stand-in ``hpcai-launch`` that notes the signal.
+    The control: ``stop`` never set, the same job ends by itself (exit 1) unsignalled."""
+    bindir, mark = tmp_path / "bin", tmp_path / "got-usr1"
+    bindir.mkdir()
+    fake = bindir / "hpcai-launch"
+    fake.write_text("#!/bin/bash\n"
+                    f"trap 'touch {mark}; exit 75' USR1\n"
+                    "for i in $(seq 40); do sleep 0.05; done\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    args = argparse.Namespace(ranks=2, launch_args=[], events=8, epochs=1, max_steps=1,
+                              batch_size=2, validate_events=8, validate_draws=1, train_args=[],
+                              timeout=0, deadline=0, stop_dead=0)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()   # once the job has its trap
+    with pytest.raises(SystemExit, match="seed 7: stopped at a checkpoint because another"):
+        learning.run_seed(7, args, tmp_path, stop)
+    assert mark.exists()
+    mark.unlink()
+    with pytest.raises(SystemExit, match="seed 7: training exited 1"):
+        learning.run_seed(7, args, tmp_path, threading.Event())
+    assert not mark.exists()
