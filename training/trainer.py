@@ -496,7 +496,7 @@ class Trainer(ABC):
         return {"samples": count, **{k: round(v, 5) for k, v in metrics.items()}}
 
     def _catch_up_plots(self) -> None:
-        """Rank 0, when the run stops early: draw the validations the plots lack."""
+        """Rank 0, when a preemption stops the run: draw the validations the plots lack."""
         if self.rank == 0 and self.plots.behind:
             self.watch.enter("physics plots")
             redraw(self.cfg.out_dir)

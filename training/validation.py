@@ -9,7 +9,7 @@ those of a run with one draw), and summarises real and generated showers
 after every validation, earlier validations kept on ``--resume``) with the plots beside it
 (``physics_plots``). Every rank waits while rank 0 draws (about 1.5 s here), so ``PlotClock``
 redraws them during a run at most once a minute, and always after the last validation and
-when the run stops early; ``hpcai-launch report`` redraws them from the JSON at any time.
+when a preemption stops the run; ``hpcai-launch report`` redraws them from the JSON.
 
 The task's hook: ``physics_pass(x, e, z, generator=G) -> (generated, aux_real, aux_gen)`` on
 NumPy arrays (x (n,1,25,25,25) GeV, E' (n,), z (n, latent)): generator G at E' * z and the
