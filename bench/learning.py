@@ -464,11 +464,12 @@ def main() -> int:
                            if f.cancelled() or (f.exception() is None and f.result() is None)]
                 halted = [seed for f, seed in futures.items()
                           if f is not done and not f.cancelled() and f.exception() is not None]
-                if dropped or halted:
-                    print(f"seed {futures[done]} failed: seeds {dropped} not started, seeds "
-                          f"{halted} stopped at a checkpoint; rerun with --workdir and "
-                          "--train-arg=--resume to continue every seed from its last "
-                          "checkpoint", flush=True)
+                told = [f"seeds {seeds_} {what}" for seeds_, what in
+                        ((dropped, "not started"), (halted, "stopped at a checkpoint")) if seeds_]
+                if told:
+                    print(f"seed {futures[done]} failed: {', '.join(told)}; rerun with "
+                          "--workdir and --train-arg=--resume to continue every seed from its "
+                          "last checkpoint", flush=True)
                 raise
             if run is None:   # not started: the failure behind it comes next
                 continue

@@ -458,6 +458,15 @@ def test_response_shape_reads_a_scaled_generator_as_scaled():
         assert 0.03 < s["real_cv"] < 0.07 and lo["showers"] == 2 * lo["events"]
 
 
+def _judge_trivially(monkeypatch) -> None:
+    """``learning.main`` past its seeds without judging them (the seeds here are fakes)."""
+    monkeypatch.setattr(learning, "judge", lambda runs: {"checks": {}, "passed": True})
+    monkeypatch.setattr(learning, "table", lambda runs: "")
+    monkeypatch.setattr(learning, "budgets", lambda runs, steps: None)
+    monkeypatch.setattr(learning, "control", lambda runs, steps, args: {})
+    monkeypatch.setattr(learning, "steps_per_epoch", lambda args, runs: 16)
+
+
 def test_a_failed_seed_ends_the_benchmark_without_starting_the_others(tmp_path, monkeypatch,
                                                                        capsys):
     """One seed's training failing (here the stall watchdog's exit 124) ends the benchmark
@@ -480,14 +489,10 @@ def test_a_failed_seed_ends_the_benchmark_without_starting_the_others(tmp_path, 
     with pytest.raises(SystemExit, match="seed 2: training exited 124"):
         learning.main()
     assert started == [2]
-    assert "seeds [1, 3] not started" in capsys.readouterr().out
+    assert "seed 2 failed: seeds [1, 3] not started; rerun" in capsys.readouterr().out
 
     fail, started[:] = False, []
-    monkeypatch.setattr(learning, "judge", lambda runs: {"checks": {}, "passed": True})
-    monkeypatch.setattr(learning, "table", lambda runs: "")
-    monkeypatch.setattr(learning, "budgets", lambda runs, steps: None)
-    monkeypatch.setattr(learning, "control", lambda runs, steps, args: {})
-    monkeypatch.setattr(learning, "steps_per_epoch", lambda args, runs: 16)
+    _judge_trivially(monkeypatch)
     learning.main()
     assert started == [2, 1, 3]
 
@@ -525,11 +530,7 @@ def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch, 
 
     fail, started[:], stopped[:] = False, [], []
     one_running.clear()
-    monkeypatch.setattr(learning, "judge", lambda runs: {"checks": {}, "passed": True})
-    monkeypatch.setattr(learning, "table", lambda runs: "")
-    monkeypatch.setattr(learning, "budgets", lambda runs, steps: None)
-    monkeypatch.setattr(learning, "control", lambda runs, steps, args: {})
-    monkeypatch.setattr(learning, "steps_per_epoch", lambda args, runs: 16)
+    _judge_trivially(monkeypatch)
     learning.main()
     assert sorted(started) == [1, 2, 3] and stopped == []
 
