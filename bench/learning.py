@@ -34,8 +34,9 @@ event: the control that says whether the average made the difference.
 A seed whose generator has died (every generated shower empty in ``--stop-dead``
 validations in a row, default 2) is stopped early (SIGUSR1, see ``preempt``) and fails: the
 output ReLU then passes no gradient. The JSON is rewritten after every seed (``complete``
-false until all ran). A seed that fails ends the benchmark: the seeds queued behind it are
-not started, and with ``--jobs`` above 1 the running ones are stopped at a checkpoint.
+false until all ran). A seed whose training fails (a non-zero exit, ``--timeout``) ends the
+benchmark: the seeds queued behind it are not started, and with ``--jobs`` above 1 the running
+ones are stopped at a checkpoint (``Stopped``); a seed that finishes meanwhile is kept.
 
 With ``--train-arg=--resume`` a seed continues its run directory (``--workdir``) from its last
 checkpoint, and a finished seed is read back at once, so a budget longer than one sitting is
@@ -84,6 +85,10 @@ ALIVE_EMPTY = 0.5   # at most this share of generated showers empty: an empty sh
                     # profile distance is 1, so a dying generator can "halve" a distance
 
 
+class Stopped(SystemExit):
+    """A seed stopped at a checkpoint because another seed failed."""
+
+
 def preempt(proc: subprocess.Popen) -> None:
     """Stop a seed's job as a preemption does: the ranks checkpoint and exit. SIGUSR1 (the
     trainer treats it as SIGTERM), which every MPI's launcher passes on to the ranks as it
@@ -127,8 +132,8 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path,
                 print(f"seed {seed}: another seed failed, stopping this one (SIGUSR1: a "
                       "checkpoint, then exit)", flush=True)
                 preempt(proc)
-                raise SystemExit(f"error: seed {seed}: stopped at a checkpoint because "
-                                 "another seed failed")
+                raise Stopped(f"error: seed {seed}: stopped at a checkpoint because another "
+                              "seed failed")
             dead_at = dead_epoch(out / "physics.json", args.stop_dead)
             if dead_at is not None:
                 print(f"seed {seed}: every generated shower empty in {args.stop_dead} "
@@ -159,6 +164,26 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path,
     if all(v.get("others") for v in validations):   # --generator-ema: the raw one beside
         run["raw"] = judged_side([v["others"][0] for v in validations])
     return run
+
+
+def settle(futures: dict, failure) -> tuple[list[int], list[int], list[int], list[dict]]:
+    """After ``failure`` (a future), the other seeds, all ended: those not started, those
+    stopped at a checkpoint (``Stopped``), those that failed too, and the runs that
+    finished."""
+    dropped, halted, failed, finished = [], [], [], []
+    for f, seed in futures.items():
+        if f is failure:
+            continue
+        exc = None if f.cancelled() else f.exception()
+        if isinstance(exc, Stopped):
+            halted.append(seed)
+        elif exc is not None:
+            failed.append(seed)
+        elif f.cancelled() or f.result() is None:
+            dropped.append(seed)
+        else:
+            finished.append(f.result())
+    return dropped, halted, failed, finished
 
 
 def epoch_records(out: Path) -> list[dict]:
@@ -460,17 +485,24 @@ def main() -> int:
                 for f in futures:
                     f.cancel()
                 wait(futures)
-                dropped = [seed for f, seed in futures.items()
-                           if f.cancelled() or (f.exception() is None and f.result() is None)]
-                halted = [seed for f, seed in futures.items()
-                          if f is not done and not f.cancelled() and f.exception() is not None]
+                # the root cause: a seed stopped because of it may have ended first
+                done = next((f for f in futures if not f.cancelled()
+                             and f.exception() is not None
+                             and not isinstance(f.exception(), Stopped)), done)
+                dropped, halted, failed, finished = settle(futures, done)
+                known = {r["seed"] for r in runs}
+                runs += [r for r in finished if r["seed"] not in known]
+                if len(runs) > len(known):   # done while the others stopped: kept
+                    runs.sort(key=lambda r: seeds.index(r["seed"]))
+                    write(path, args, info, seeds, runs, start)
                 told = [f"seeds {seeds_} {what}" for seeds_, what in
-                        ((dropped, "not started"), (halted, "stopped at a checkpoint")) if seeds_]
+                        ((dropped, "not started"), (halted, "stopped at a checkpoint"),
+                         (failed, "failed too")) if seeds_]
                 if told:
                     print(f"seed {futures[done]} failed: {', '.join(told)}; rerun with "
                           "--workdir and --train-arg=--resume to continue every seed from its "
                           "last checkpoint", flush=True)
-                raise
+                raise done.exception()
             if run is None:   # not started: the failure behind it comes next
                 continue
             runs.append(run)

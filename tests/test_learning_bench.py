@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 import learning  # noqa: E402
+from jobs import wait_for  # noqa: E402
 
 
 def _run(seed: int, first: float, last: float, worst_bin: float = 0.1,
@@ -511,7 +512,7 @@ def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch, 
             one_running.set()
             if stop.wait(timeout=2 if not fail else 60):
                 stopped.append(seed)
-                raise SystemExit("error: seed 1: stopped at a checkpoint")
+                raise learning.Stopped("error: seed 1: stopped at a checkpoint")
         if fail and seed == 2:
             assert one_running.wait(timeout=30)
             raise SystemExit("error: seed 2: training exited 124")
@@ -525,7 +526,7 @@ def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch, 
     begun = time.monotonic()
     with pytest.raises(SystemExit, match="seed 2: training exited 124"):
         learning.main()
-    assert time.monotonic() - begun < 30 and stopped == [1] and started == [2, 1]
+    assert time.monotonic() - begun < 30 and stopped == [1] and sorted(started) == [1, 2]
     assert "seeds [3] not started, seeds [1] stopped at a checkpoint" in capsys.readouterr().out
 
     fail, started[:], stopped[:] = False, [], []
@@ -539,11 +540,11 @@ def test_a_stopped_seed_preempts_its_job(tmp_path, monkeypatch):
     """``run_seed`` with ``stop`` set sends its job SIGUSR1 (the job checkpoints and exits)
     and fails, naming why; here the job is a stand-in ``hpcai-launch`` that notes the signal.
     The control: ``stop`` never set, the same job ends by itself (exit 1) unsignalled."""
-    bindir, mark = tmp_path / "bin", tmp_path / "got-usr1"
+    bindir, mark, ready = tmp_path / "bin", tmp_path / "got-usr1", tmp_path / "trapped"
     bindir.mkdir()
     fake = bindir / "hpcai-launch"
     fake.write_text("#!/bin/bash\n"
-                    f"trap 'touch {mark}; exit 75' USR1\n"
+                    f"trap 'touch {mark}; exit 75' USR1\ntouch {ready}\n"
                     "for i in $(seq 40); do sleep 0.05; done\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
@@ -551,11 +552,37 @@ def test_a_stopped_seed_preempts_its_job(tmp_path, monkeypatch):
                               batch_size=2, validate_events=8, validate_draws=1, train_args=[],
                               timeout=0, deadline=0, stop_dead=0)
     stop = threading.Event()
-    threading.Timer(0.5, stop.set).start()   # once the job has its trap
-    with pytest.raises(SystemExit, match="seed 7: stopped at a checkpoint because another"):
+    threading.Thread(target=lambda: (wait_for(ready.exists, 60, "the job's trap"),
+                                     stop.set()), daemon=True).start()
+    with pytest.raises(learning.Stopped, match="seed 7: stopped at a checkpoint because anoth"):
         learning.run_seed(7, args, tmp_path, stop)
     assert mark.exists()
     mark.unlink()
+    ready.unlink()
     with pytest.raises(SystemExit, match="seed 7: training exited 1"):
         learning.run_seed(7, args, tmp_path, threading.Event())
     assert not mark.exists()
+
+
+def test_settling_after_a_failure_sorts_the_other_seeds_by_how_they_ended():
+    """``settle``: a cancelled seed and one whose turn came after the failure (None) were not
+    started, a ``Stopped`` one stopped at a checkpoint, another error failed too, and a run
+    that finished meanwhile is kept; the failure itself is left out."""
+    from concurrent.futures import Future
+
+    def future(result=None, exc=None, cancel=False):
+        f = Future()
+        if cancel:
+            f.cancel()
+        elif exc is not None:
+            f.set_exception(exc)
+        else:
+            f.set_result(result)
+        return f
+
+    failure = future(exc=SystemExit("error: seed 2: training exited 124"))
+    futures = {failure: 2, future(cancel=True): 3, future(): 4,
+               future(exc=learning.Stopped("stopped")): 1,
+               future(exc=SystemExit("error: seed 5: training exited 1")): 5,
+               future({"seed": 6}): 6}
+    assert learning.settle(futures, failure) == ([3, 4], [1], [5], [{"seed": 6}])

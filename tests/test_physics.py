@@ -347,3 +347,23 @@ def test_the_plot_clock_redraws_at_most_every_interval_and_always_at_the_end():
                     (True, False)]
     every = PlotClock(every_s=0.0, clock=lambda: now[0])
     assert all(every.due(last=False) for _ in range(3)) and not every.behind
+
+
+def test_plots_behind_physics_json_are_found_on_resume(tmp_path):
+    """``plots_behind`` (a resumed run's ``PlotClock`` starts ``behind`` with it): no
+    physics.json, nothing behind; a plot missing or older than physics.json, behind; every
+    plot as new as physics.json or newer (the control), not behind."""
+    from hpcai.training.physics_plots import PHYSICS_FILE, PLOT_NAMES
+    from hpcai.training.validation import plots_behind
+
+    assert not plots_behind(tmp_path)
+    (tmp_path / PHYSICS_FILE).write_text("{}")
+    assert plots_behind(tmp_path)                           # no plot yet
+    for name in PLOT_NAMES:
+        (tmp_path / name).write_bytes(b"png")
+    written = (tmp_path / PHYSICS_FILE).stat().st_mtime_ns
+    for name in PLOT_NAMES:
+        os.utime(tmp_path / name, ns=(written, written))
+    assert not plots_behind(tmp_path)                       # the control
+    os.utime(tmp_path / PLOT_NAMES[1], ns=(written - 10**9, written - 10**9))
+    assert plots_behind(tmp_path)                           # one older than the JSON

@@ -39,7 +39,8 @@ from .schedule import learning_rate
 from .shower_data import ShowerReader, split_files, validate
 from .showers import generate, held_out_seed
 from .synthetic_images import SyntheticImages
-from .validation import PhysicsValidator, PlotClock, due, record as record_physics, redraw
+from .validation import (PhysicsValidator, PlotClock, due, plots_behind,
+                         record as record_physics, redraw)
 from .watchdog import Watchdog
 
 STATE_VERSION = 1   # of the checkpoint's contents
@@ -70,7 +71,9 @@ class Trainer(ABC):
         self.validator = (PhysicsValidator(held_out, cfg.validate_events, cfg.seed, comm,
                                            cfg.validate_draws)
                           if held_out is not None and cfg.validate_events > 0 else None)
-        self.plots = PlotClock()   # rank 0's redrawing of the physics plots
+        self.plots = PlotClock(   # rank 0's redrawing of the physics plots
+            behind=self.rank == 0 and self.validator is not None and cfg.resume
+            and plots_behind(cfg.out_dir))
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
@@ -496,10 +499,18 @@ class Trainer(ABC):
         return {"samples": count, **{k: round(v, 5) for k, v in metrics.items()}}
 
     def _catch_up_plots(self) -> None:
-        """Rank 0, when a preemption stops the run: draw the validations the plots lack."""
+        """Rank 0, when a preemption stops the run: draw the validations the plots lack. A
+        drawing that fails is reported and the run still exits as preempted (its checkpoint
+        is written; ``hpcai-launch report`` redraws the plots from physics.json)."""
         if self.rank == 0 and self.plots.behind:
             self.watch.enter("physics plots")
-            redraw(self.cfg.out_dir)
+            try:
+                redraw(self.cfg.out_dir)
+            except Exception as exc:   # noqa: BLE001 - the checkpoint is safe; say, go on
+                print(f"hpcai-train: warning: the physics plots could not be drawn at the "
+                      f"stop ({type(exc).__name__}: {exc}); hpcai-launch report "
+                      f"{self.cfg.out_dir} draws them", flush=True)
+                return
             self.plots.drawn()
             print(f"hpcai-train: physics plots drawn at the stop: {self.cfg.out_dir}",
                   flush=True)

@@ -33,7 +33,7 @@ from ..models.gan3d_spec import ENERGY_SCALE_GEV, LATENT
 
 from . import physics
 from .atomic import replacing
-from .physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
+from .physics_plots import PHYSICS_FILE, PLOT_NAMES, SCHEMA_VERSION, write_plots
 from .shower_data import DatasetIndex, ShowerReader
 
 LATENT_SEED = 0x3D6A   # with --seed: the per-event latent vectors of every validation
@@ -45,16 +45,30 @@ def due(epoch: int, epochs: int, every: int) -> bool:
     return epoch == epochs - 1 or (every > 0 and (epoch + 1) % every == 0)
 
 
+def plots_behind(out_dir: Path) -> bool:
+    """Whether ``OUT/physics.json`` holds validations its plots may lack: a plot is missing
+    or older than it (an earlier invocation that failed before drawing them)."""
+    try:
+        written = (out_dir / PHYSICS_FILE).stat().st_mtime_ns
+    except OSError:
+        return False
+    try:
+        return any((out_dir / name).stat().st_mtime_ns < written for name in PLOT_NAMES)
+    except OSError:
+        return True
+
+
 class PlotClock:
     """Rank 0's schedule for redrawing the plots: after the run's last validation, and
     after any other when the last drawing (at first, the clock's creation) is at least
-    ``every_s`` old. ``behind``: a validation is in physics.json but not in the plots."""
+    ``every_s`` old. ``behind``: a validation is in physics.json but not in the plots
+    (``behind`` at creation: a resumed run's, :func:`plots_behind`)."""
 
     def __init__(self, every_s: float = PLOT_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, behind: bool = False) -> None:
         self.every_s, self.clock = every_s, clock
         self.last = clock()
-        self.behind = False
+        self.behind = behind
 
     def due(self, last: bool) -> bool:
         """Whether to draw after this validation (``last``: the run's last one)."""

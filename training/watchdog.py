@@ -6,7 +6,9 @@ others waiting in the next collective forever. So every rank runs a watchdog thr
 - the trainer marks progress by entering phases (``data``, ``step``, ``gradient allreduce``,
   ``replica check``, ``preemption check``, ``epoch end``, ``physics validation`` (3DGAN),
   ``evaluation and records``, ``checkpoint write``, ``checkpoint barrier``) in the same
-  order on every rank, so the number of phases entered (``seq``) says how far a rank got;
+  order on every rank, so the number of phases entered (``seq``) says how far a rank got
+  (the one phase of rank 0 alone, ``physics plots`` when a preempted run stops, comes after
+  the last collective, while the others finish);
 - every beat (a sixtieth of the bound, 0.25 to 1 s) the thread sends a heartbeat - rank, seq,
   global step, phase, seconds in it - to the monitors, ranks 0 and 1, with non-blocking
   point-to-point messages on its own duplicate of the communicator: nothing there waits for
