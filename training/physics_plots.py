@@ -7,9 +7,9 @@
 - ``physics-metrics.png``: every summary number of ``Validation.summary`` against epoch.
 
 Rank 0 draws them after a validation (``validation.PlotClock`` says which) while the other
-ranks wait, so the layout is fixed
-(margins in inches) rather than measured (``tight_layout``), and the log axes have no minor
-ticks: each roughly halves the time a figure takes.
+ranks wait, so the layout is fixed (margins in inches) rather than measured
+(``tight_layout``), and the log axes have no minor ticks: each roughly halves the time a
+figure takes.
 """
 
 from __future__ import annotations
