@@ -8,14 +8,17 @@ machine, and ``bench/learning.py --train-arg=--resume`` then continues every see
     python bench/carry.py save WORKDIR STATE       # STATE/seedN/ for every WORKDIR/seedN/
     python bench/carry.py restore STATE WORKDIR
 
-Per seed ``save`` keeps the newest checkpoint (older ones it kept before are removed),
-``epochs.jsonl``, ``physics.json`` and ``data.json``: every data file's name, events and
-SHA-256. The data itself is not kept: ``train --generate`` wrote it with
-``showers.generate`` from its seed, and ``restore`` writes it again the same way and
-compares every file's SHA-256 with ``data.json``, so the resumed run trains and validates on
-the very files it started with. A seed is restored into a new directory only (never over a
-run), built beside it and renamed into place when every file checked out; on a mismatch
-nothing is left behind and the exit status is 2.
+Per seed ``save`` keeps the newest checkpoint (older ones it kept before are removed), the
+run's records (``epochs.jsonl``, ``steps.jsonl``, ``physics.json``) and ``data.json``: every
+data file's name, events and SHA-256. Save a run that has stopped (SIGUSR1 to its job: a
+checkpoint, then exit), so that its records end where its checkpoint does.
+
+The data itself is not kept: ``train --generate`` wrote it with ``showers.generate`` from
+its seed, and ``restore`` writes it again the same way and compares every file's SHA-256
+with ``data.json``, so the resumed run trains and validates on the very files it started
+with. A seed is restored into a new directory only (never over a run), built beside it and
+renamed into place when every file checked out; on a mismatch nothing is left behind and
+the exit status is 2.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from hpcai.training.checkpoint import list_checkpoints
 
-KEPT = ("epochs.jsonl", "physics.json")   # beside the newest checkpoint
+KEPT = ("epochs.jsonl", "steps.jsonl", "physics.json")   # beside the newest checkpoint
 MANIFEST = "data.json"
 DATA_NAME = re.compile(r"Ele_(\d+)_(\d+)\.h5$")   # showers.generate's file names
 

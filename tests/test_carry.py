@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hpcai.training.showers import generate
+from jobs import train
 
 REPO = Path(__file__).resolve().parent.parent
 CARRY = str(REPO / "bench" / "carry.py")
@@ -23,6 +24,7 @@ def _run_dir(root: Path, seed: int = 5) -> Path:
     (run / "checkpoints" / "ckpt-E0001-S000000.pt").write_bytes(b"older")
     (run / "checkpoints" / "ckpt-E0002-S000000.pt").write_bytes(b"newest")
     (run / "epochs.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    (run / "steps.jsonl").write_text('{"step": 0}\n')
     (run / "physics.json").write_text('{"validations": []}\n')
     return run
 
@@ -38,7 +40,8 @@ def test_a_saved_run_is_restored_with_its_data_written_again_bit_for_bit(tmp_pat
     saved = _carry("save", str(run.parent), str(state), cwd=tmp_path)
     assert saved.returncode == 0, saved.stderr
     kept = sorted(p.name for p in (state / "seed5").iterdir())
-    assert kept == ["ckpt-E0002-S000000.pt", "data.json", "epochs.jsonl", "physics.json"]
+    assert kept == ["ckpt-E0002-S000000.pt", "data.json", "epochs.jsonl", "physics.json",
+                    "steps.jsonl"]
     manifest = json.loads((state / "seed5" / "data.json").read_text())["files"]
     assert [f["name"] for f in manifest] == ["Ele_1000005_0.h5", "Ele_5_0.h5", "Ele_5_1.h5"]
 
@@ -46,7 +49,7 @@ def test_a_saved_run_is_restored_with_its_data_written_again_bit_for_bit(tmp_pat
     assert restored.returncode == 0, restored.stderr
     assert "every SHA-256 as saved" in restored.stdout
     new = tmp_path / "new" / "seed5"
-    for name in ("epochs.jsonl", "physics.json"):
+    for name in ("epochs.jsonl", "steps.jsonl", "physics.json"):
         assert (new / name).read_bytes() == (run / name).read_bytes()
     assert [p.name for p in (new / "checkpoints").iterdir()] == ["ckpt-E0002-S000000.pt"]
     assert (new / "checkpoints" / "ckpt-E0002-S000000.pt").read_bytes() == b"newest"
@@ -88,3 +91,24 @@ def test_a_seed_already_in_the_work_directory_is_never_overwritten(tmp_path):
     assert (run / "epochs.jsonl").read_text() == "the run's own\n"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "ckpt-E0001-S000000.pt", "ckpt-E0002-S000000.pt"]
+
+
+def test_a_restored_run_resumes_from_its_checkpoint_for_real(tmp_path):
+    """A real 1-rank training saved after its first epoch, restored on "another machine"
+    (another directory, no data), resumes there from its checkpoint and adds the second."""
+    common = ("3dgan", "--generate", "32", "--seed", "7", "--max-steps", "2",
+              "--batch-size", "2", "--validate-events", "8", "--eval-samples", "0",
+              "--peak-gflops", "100")
+    first = train(1, *common, "--epochs", "1", "--out", str(tmp_path / "old" / "seed7"))
+    assert first.returncode == 0, first.stderr
+    assert _carry("save", str(tmp_path / "old"), str(tmp_path / "state"),
+                  cwd=tmp_path).returncode == 0
+    assert _carry("restore", str(tmp_path / "state"), str(tmp_path / "new"),
+                  cwd=tmp_path).returncode == 0
+    out = tmp_path / "new" / "seed7"
+    second = train(1, *common, "--epochs", "2", "--resume", "--out", str(out))
+    assert second.returncode == 0, second.stderr
+    log = second.stdout + second.stderr
+    assert f"resumed from {out}/checkpoints/ckpt-E0001-S000000.pt at epoch 1" in log
+    assert [json.loads(line)["epoch"] for line in (out / "epochs.jsonl").open()] == [0, 1]
+    assert len(json.loads((out / "physics.json").read_text())["validations"]) == 2
