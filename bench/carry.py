@@ -17,8 +17,8 @@ The data itself is not kept: ``train --generate`` wrote it with ``showers.genera
 its seed, and ``restore`` writes it again the same way and compares every file's SHA-256
 with ``data.json``, so the resumed run trains and validates on the very files it started
 with. A seed is restored into a new directory only (never over a run), built beside it and
-renamed into place when every file checked out; on a mismatch nothing is left behind and
-the exit status is 2.
+renamed into place when every file checked out; on a mismatch nothing of that seed is left
+behind (seeds restored before it stay) and the exit status is 2.
 """
 
 from __future__ import annotations
