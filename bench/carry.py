@@ -33,19 +33,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hpcai.core.errors import UserError
+from hpcai.training.atomic import replacing
 from hpcai.training.checkpoint import list_checkpoints
 
 KEPT = ("epochs.jsonl", "steps.jsonl", "physics.json")   # beside the newest checkpoint
 MANIFEST = "data.json"
 DATA_NAME = re.compile(r"Ele_(\d+)_(\d+)\.h5$")   # showers.generate's file names
-
-
-class CarryError(Exception):
-    """A user error: ``error:`` and ``hint:``, exit 2."""
-
-    def __init__(self, error: str, hint: str) -> None:
-        super().__init__(error)
-        self.hint = hint
 
 
 def sha256(path: Path) -> str:
@@ -72,9 +66,8 @@ def data_manifest(data: Path) -> list[dict]:
 
 def _copy(src: Path, dst: Path) -> None:
     """``src`` over ``dst``, whole or not at all."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    with replacing(dst) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def seed_dirs(root: Path) -> list[Path]:
@@ -84,6 +77,8 @@ def seed_dirs(root: Path) -> list[Path]:
 def save(workdir: Path, state: Path) -> list[str]:
     """Keep what a resume needs of every ``WORKDIR/seedN`` with a checkpoint in
     ``STATE/seedN``; returns one line per seed saved."""
+    if not workdir.is_dir() or not seed_dirs(workdir):
+        raise UserError(f"{workdir}: no seedN run directory", "name bench/learning.py's --workdir")
     lines = []
     for run in seed_dirs(workdir):
         checkpoints = list_checkpoints(run / "checkpoints")
@@ -100,39 +95,37 @@ def save(workdir: Path, state: Path) -> list[str]:
             if (run / name).exists():
                 _copy(run / name, out / name)
         manifest = {"files": data_manifest(run / "data")}
-        tmp = out / f".{MANIFEST}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, out / MANIFEST)
+        with replacing(out / MANIFEST) as tmp:
+            tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         lines.append(f"{run.name}: {newest.name}, {len(manifest['files'])} data files")
     return lines
 
 
 def regenerate(files: list[dict], data: Path) -> None:
     """Write ``files`` (a manifest) again into ``data`` with ``showers.generate`` and check
-    each one's SHA-256; raises :class:`CarryError` on a file it cannot make the same."""
+    each one's SHA-256; raises :class:`UserError` on a file it cannot make the same."""
     from hpcai.training.showers import generate
 
-    by_seed: dict[int, list[dict]] = {}
+    by_seed: dict[int, list[tuple[int, dict]]] = {}   # seed: (file index, manifest entry)
     for f in files:
         m = DATA_NAME.fullmatch(f["name"])
         if m is None:
-            raise CarryError(f"{f['name']}: not a generated file's name",
-                             "only runs of train --generate can be carried")
-        by_seed.setdefault(int(m.group(1)), []).append(f)
+            raise UserError(f"{f['name']}: not a generated file's name",
+                            "only runs of train --generate can be carried")
+        by_seed.setdefault(int(m.group(1)), []).append((int(m.group(2)), f))
     for seed, group in by_seed.items():
-        events = {f["events"] for f in group}
-        indices = sorted(int(DATA_NAME.fullmatch(f["name"]).group(2)) for f in group)
-        if len(events) != 1 or indices != list(range(len(group))):
-            raise CarryError(f"the files of seed {seed} are not one generate() call's",
-                             "only runs of train --generate can be carried")
+        events = {f["events"] for _, f in group}
+        if len(events) != 1 or sorted(i for i, _ in group) != list(range(len(group))):
+            raise UserError(f"the files of seed {seed} are not one generate() call's",
+                            "only runs of train --generate can be carried")
         generate(data, n_files=len(group), events_per_file=events.pop(), seed=seed)
     for f in files:
         got = sha256(data / f["name"])
         if got != f["sha256"]:
-            raise CarryError(f"{f['name']} written again differs from the one the run trained "
-                             f"on (SHA-256 {got[:12]}, saved {f['sha256'][:12]})",
-                             "this machine's NumPy or HDF5 writes other bytes: resume where "
-                             "the run started, or carry the data files too")
+            raise UserError(f"{f['name']} written again differs from the one the run trained "
+                            f"on (SHA-256 {got[:12]}, saved {f['sha256'][:12]})",
+                            "this machine's NumPy or HDF5 writes other bytes: resume where "
+                            "the run started, or carry the data files too")
 
 
 def restore(state: Path, workdir: Path) -> list[str]:
@@ -140,20 +133,20 @@ def restore(state: Path, workdir: Path) -> list[str]:
     checked; returns one line per seed restored."""
     seeds = seed_dirs(state) if state.is_dir() else []
     if not seeds:
-        raise CarryError(f"{state}: no seedN folder", "name the folder `carry.py save` wrote")
+        raise UserError(f"{state}: no seedN folder", "name the folder `carry.py save` wrote")
     for saved in seeds:
         if (workdir / saved.name).exists():
-            raise CarryError(f"{workdir / saved.name} exists",
-                             "restore into a work directory without that seed; to continue "
-                             "a run that is there, resume it as it is")
+            raise UserError(f"{workdir / saved.name} exists",
+                            "restore into a work directory without that seed; to continue "
+                            "a run that is there, resume it as it is")
     workdir.mkdir(parents=True, exist_ok=True)
     lines = []
     for saved in seeds:
         checkpoints = list_checkpoints(saved)
         manifest = saved / MANIFEST
         if len(checkpoints) != 1 or not manifest.exists():
-            raise CarryError(f"{saved}: needs one checkpoint and {MANIFEST}",
-                             "name the folder `carry.py save` wrote")
+            raise UserError(f"{saved}: needs one checkpoint and {MANIFEST}",
+                            "name the folder `carry.py save` wrote")
         files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
         build = Path(tempfile.mkdtemp(prefix=f".{saved.name}.", dir=workdir))
         try:
@@ -184,15 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("workdir", type=Path)
     args = p.parse_args(argv)
     try:
-        if args.command == "save":
-            if not args.workdir.is_dir() or not seed_dirs(args.workdir):
-                raise CarryError(f"{args.workdir}: no seedN run directory",
-                                 "name bench/learning.py's --workdir")
-            lines = save(args.workdir, args.state)
-        else:
-            lines = restore(args.state, args.workdir)
-    except CarryError as exc:
-        print(f"error: {exc}\nhint: {exc.hint}", file=sys.stderr)
+        lines = (save(args.workdir, args.state) if args.command == "save"
+                 else restore(args.state, args.workdir))
+    except UserError as exc:   # generate()'s own (an unwritable folder) among them
+        print(exc.render(), file=sys.stderr)
         return 2
     print("\n".join(lines) if lines else "nothing to save: no seed has a checkpoint yet")
     return 0
