@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +49,15 @@ def test_sweep_on_slurm_collects_every_point_and_plots(fake_nodes, showers, tmp_
     assert "N1-R1" not in result.stderr or "warning" not in result.stderr
 
 
-def test_preemption_signal_checkpoints_and_resubmission_resumes(fake_nodes, tmp_path):
+@pytest.mark.parametrize("scancel, signum", [(["--signal=USR1"], signal.SIGUSR1),
+                                             ([], signal.SIGTERM)],
+                         ids=["warning-USR1", "scancel"])
+def test_preemption_signal_checkpoints_and_resubmission_resumes(scancel, signum, fake_nodes,
+                                                                 tmp_path):
+    """The job script's warning signal (``scancel --signal=USR1``, what ``--signal=USR1@120``
+    sends) and a plain ``scancel`` (SIGTERM to every step and the batch shell, SIGKILL after
+    KillWait, 5 s in this cluster) both leave a checkpoint mid-run, and the same script
+    submitted again resumes without repeating or losing a step."""
     out = tmp_path / "run"
     script = tmp_path / "job.sbatch"
     command = ["train", "resnet-tiny", "--image-size", "32", "--classes", "10",
@@ -66,7 +75,7 @@ def test_preemption_signal_checkpoints_and_resubmission_resumes(fake_nodes, tmp_
         time.sleep(0.2)
     assert log.exists() and "hpcai-train:" in log.read_text(), "training did not start"
     time.sleep(1.0)
-    signalled = run(fake_nodes, ["scancel", "--signal=USR1", job])
+    signalled = run(fake_nodes, ["scancel", *scancel, job])
     assert signalled.returncode == 0, signalled.stderr
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -76,6 +85,9 @@ def test_preemption_signal_checkpoints_and_resubmission_resumes(fake_nodes, tmp_
         time.sleep(0.5)
     checkpoints = list((out / "checkpoints").glob("ckpt-*.pt"))
     assert checkpoints, log.read_text()[-3000:]
+    # the checkpoint is the signal's, not an epoch's end
+    assert f"preempted by signal {int(signum)}: checkpoint" in log.read_text(), \
+        log.read_text()[-3000:]
     steps_before = len((out / "steps.jsonl").read_text().splitlines())
     assert 0 < steps_before < 2 * 512, "the signal did not arrive mid-run"
 
