@@ -4,6 +4,7 @@ under run-tests.sh a skip fails unless it is a limit of the machine."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -71,18 +72,44 @@ FLAVOURS = _detect_flavours()
 ALL_FLAVOURS = ("openmpi", "mpich", "intel")
 
 
+def _c_environment_behind_python() -> set[bytes]:
+    """Names whose value in the C library's ``environ`` (what a child started without an
+    explicit environment inherits) differs from ``os.environb``: set with the C library's
+    setenv in this process, behind Python's back."""
+    entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    c_env: dict[bytes, bytes] = {}
+    i = 0
+    while entries[i] is not None:
+        name, _, value = entries[i].partition(b"=")
+        c_env[name] = value
+        i += 1
+    py_env = dict(os.environb)
+    return {k for k in c_env.keys() | py_env.keys() if c_env.get(k) != py_env.get(k)}
+
+
 @pytest.fixture(autouse=True)
 def _no_mpi_init_in_the_suites_process():
-    """Fail the test that first imports ``mpi4py.MPI`` into pytest's own process. That import
-    is ``MPI_Init``; Open MPI's singleton then sets variables with the C library's setenv,
-    unseen by ``os.environ``, and every later child that inherits them and runs ``mpirun``
-    exits 1 without a word (tests/test_signals.py shows it). Ranks belong in subprocesses."""
+    """Fail the test that initialises MPI in pytest's own process: the first import of
+    ``mpi4py.MPI`` (``MPI_Init``), or any call that leaves variables in the C library's
+    environment which ``os.environ`` does not show (Open MPI's singleton ``MPI_Init`` sets
+    two dozen with setenv, and so would Horovod's init or a ctypes call). Every later child
+    that inherits them and runs ``mpirun`` exits 1 without a word (tests/test_signals.py
+    shows it). Ranks belong in subprocesses."""
     before = "mpi4py.MPI" in sys.modules
+    hidden_before = _c_environment_behind_python()
     yield
+    faults = []
     if not before and "mpi4py.MPI" in sys.modules:
-        pytest.fail("this test imported mpi4py.MPI (MPI_Init) into pytest's own process; "
-                    "import the module that needs it in a subprocess, or move the code "
-                    "under test out of a module that imports mpi4py")
+        faults.append("this test imported mpi4py.MPI (MPI_Init) into pytest's own process")
+    hidden = sorted(_c_environment_behind_python() - hidden_before)
+    if hidden:
+        names = ", ".join(n.decode(errors="replace") for n in hidden[:6])
+        more = f" and {len(hidden) - 6} more" if len(hidden) > 6 else ""
+        faults.append(f"this test set {names}{more} in the C environment of pytest's own "
+                      "process, which os.environ does not show (setenv, as MPI_Init does)")
+    if faults:
+        pytest.fail("; ".join(faults) + "; import the module that needs it in a subprocess, "
+                    "or move the code under test out of a module that initialises MPI")
 
 
 @pytest.fixture(params=ALL_FLAVOURS)

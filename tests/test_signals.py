@@ -347,14 +347,19 @@ def test_a_sweep_point_starts_after_mpi_init_in_the_sweeping_process(how, tmp_pa
 
 
 def test_the_suite_fails_a_test_that_initialises_mpi_in_its_process(tmp_path):
-    """conftest's guard against the above, run on two made-up tests in a pytest of their own:
-    the one that imports mpi4py.MPI in the process errs and is named; the control, which
-    runs the same import in a subprocess, passes."""
+    """conftest's guard against the above, run on made-up tests in a pytest of their own:
+    the one that imports mpi4py.MPI in the process errs and is named, and so does one that
+    only calls the C library's setenv (as any in-process MPI_Init would); the controls, the
+    same import in a subprocess and a variable set through os.environ, pass."""
     (tmp_path / "test_made_up.py").write_text(
-        "import subprocess, sys\n"
+        "import ctypes, os, subprocess, sys\n"
         "def test_in_process():\n    from mpi4py import MPI  # noqa: F401\n"
         "def test_in_a_subprocess():\n"
-        "    subprocess.run([sys.executable, '-c', 'from mpi4py import MPI'], check=True)\n")
+        "    subprocess.run([sys.executable, '-c', 'from mpi4py import MPI'], check=True)\n"
+        "def test_setenv_behind_python():\n"
+        "    ctypes.CDLL(None).setenv(b'PMIX_MADE_UP', b'1', 1)\n"
+        "def test_through_os_environ():\n"
+        "    os.environ['PMIX_MADE_UP_TOO'] = '1'\n")
     tests = str(Path(__file__).parent)
     env = base_env(PYTHONPATH=tests)
     result = run([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-p",
@@ -363,4 +368,7 @@ def test_the_suite_fails_a_test_that_initialises_mpi_in_its_process(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ERROR test_made_up.py::test_in_process - Failed" in result.stdout, result.stdout
     assert "this test imported mpi4py.MPI (MPI_Init)" in result.stdout, result.stdout
-    assert "2 passed, 1 error" in result.stdout, result.stdout   # the control passed
+    assert "ERROR test_made_up.py::test_setenv_behind_python - Failed" in result.stdout, \
+        result.stdout
+    assert "this test set PMIX_MADE_UP in the C environment" in result.stdout, result.stdout
+    assert "4 passed, 2 errors" in result.stdout, result.stdout   # the controls passed
