@@ -26,6 +26,7 @@ import netns
 from clusterjobs import copy_rank_report, job_env, ok, rank_reports, submit
 from conftest import FLAVOURS
 from hpcai.launcher.containerplan import ContainerFacts, container_env
+from hpcai.launcher.containers import WORK_MOUNT
 from hpcai.launcher.hostlibs import LibFile
 from hpcai.launcher.site import SiteProfile
 from hpcai.slurm import pmi
@@ -109,7 +110,7 @@ def test_lrz_job_trains_with_host_intel_mpi_in_the_container(cluster, image,  # 
     site = _local_site(tmp_path / "site.toml")
     shim = copy_rank_report(tmp_path)
     cache = tmp_path / "cache"
-    env = job_env(cache, PYTHONPATH=f"{shim}:/opt/hpcai/work/{shim.name}",
+    env = job_env(cache, PYTHONPATH=f"{shim}:{WORK_MOUNT}/{shim.name}",
                   **FLAVOURS["intel"].env)
     options = ["--ranks-per-node", "2", "--mpi", "intel", "--container", str(image),
                "--site", str(site)]
