@@ -1,5 +1,6 @@
 """The thin layer that carries out a :class:`LaunchPlan`: links, binding, one exec, or,
-where the plan relays signals, one child that hpcai-launch waits for."""
+where the plan relays signals, one child that hpcai-launch waits for (and a rank whose
+launcher would not end the job if it failed: one child that :mod:`.rankwatch` watches)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
+from .rankenv import abort_fd
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
@@ -151,7 +153,9 @@ def _die_with_parent() -> None:
 def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str, str], ...],
               info: RankInfo, bind_cpus: tuple[int, ...] | None, warnings: tuple[str, ...],
               report_bindings: bool) -> None:
-    """A rank: links, warnings (rank 0), binding and its report, then exec."""
+    """A rank: links, warnings (rank 0), binding and its report, then exec; or, where the
+    launcher would leave the job running if this rank failed, run and watch the command
+    (:mod:`.rankwatch`)."""
     make_compat_links(links)
     if info.rank == 0:
         for warning in warnings:
@@ -161,6 +165,12 @@ def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str
         line, ok = binding_report(info, bind_cpus, env.get("OMP_NUM_THREADS"), after, how)
         text = line if ok else f"warning: {line}: real affinity differs from the plan"
         os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
+    pmi_fd = abort_fd(info, dict(os.environ))
+    if pmi_fd is not None:
+        from .rankwatch import run
+        full = dict(os.environ)
+        full.update(env)
+        run(argv, full, info, pmi_fd)
     _exec(argv, env)
 
 

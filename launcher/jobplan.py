@@ -12,7 +12,7 @@ older than a day (:func:`prune`). Every other rank waits for that file
 (``HPCAI_PLAN_TIMEOUT`` seconds, default 120), checks its :class:`PlanKey` against itself,
 takes its local rank's entry and execs: no MPI detection, no ``ldconfig``, no library
 scans, and no import beyond this module, :mod:`.rankenv`, :mod:`.execute`, ``json`` and
-``typing`` (``tomllib`` too with a site profile).
+``typing`` (``tomllib`` too with a site profile; :mod:`.rankwatch` under Hydra).
 
 A plan for another job, node list, world size, command line or directory, or one whose image,
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier

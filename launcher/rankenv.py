@@ -18,6 +18,24 @@ PORT_SPAN = 12763    # a prime: every step multiplier below it permutes the port
 STEP_STRIDE = 7888   # round(PORT_SPAN / golden ratio): steps of nearby jobs land far apart
 
 
+class Starter(NamedTuple):
+    """What a launcher that starts ranks does when one of them fails before MPI starts."""
+
+    ends_job: bool          # it ends the other ranks itself (mpirun; srun only with
+                            # --kill-on-bad-exit, which plan.py warns about)
+    abort_fd_var: str = ""  # else: the variable naming the PMI-1 socket through which a
+                            # rank's wrapper can ask it to end the job (:mod:`.rankwatch`)
+
+
+# RankInfo.started_by -> its launcher's behaviour, measured by tests/test_rankwatch.py: Open
+# MPI's mpirun (4.1, 5.0) ends a job when a rank exits non-zero; Hydra (MPICH 4.0, MPICH 5,
+# Intel MPI 2021) does not, MPICH's ends it for a rank killed by a signal, Intel MPI's not
+# even then; every Hydra ends it on a PMI abort.
+STARTERS: dict[str, Starter] = {"openmpi": Starter(ends_job=True),
+                                "hydra": Starter(ends_job=False, abort_fd_var="PMI_FD"),
+                                "slurm": Starter(ends_job=False)}
+
+
 class RankInfo(NamedTuple):
     rank: int
     size: int
@@ -92,6 +110,14 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
                                 f"{env.get('SLURM_STEP_ID', env.get('SLURM_STEPID', '0'))}",
                         nodes=nodes)
     return None
+
+
+def abort_fd(info: RankInfo, env: dict[str, str]) -> int | None:
+    """The PMI-1 socket through which this rank's wrapper aborts the job if the rank fails,
+    where its launcher would not end the job itself (None: the wrapper execs the command)."""
+    starter = STARTERS[info.started_by]
+    text = env.get(starter.abort_fd_var, "") if not starter.ends_job else ""
+    return int(text) if text.isdigit() and info.size > 1 else None
 
 
 def _slurm_step_key(env: dict[str, str]) -> str | None:

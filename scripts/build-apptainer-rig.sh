@@ -20,8 +20,8 @@
 # shared by ch-run anyway. Paths under /usr, /etc, /var, /run and the other system directories
 # are the sid root's own, not the host's. The ranks of one node (LOCAL_WORLD_SIZE, set by
 # hpcai-launch) join one ch-run container, so they share a user namespace as under a setuid or
-# root Apptainer; a command that exits before its peers have started (no MPI to hold it) can
-# make a peer's join fail ("join: no PID"), as with hpcai's own Charliecloud ranks.
+# root Apptainer; each waits inside it until all have joined before it execs apptainer, whose
+# exec of its starter would otherwise make a late peer's join fail ("join: no PID").
 # Needs root (debootstrap, chroot; the front-end too), ch-run, debootstrap and the apt mirror.
 # Failures print `error: ...` and `hint: ...` and exit 2.
 set -Eeuo pipefail
@@ -155,13 +155,48 @@ cwd=/ # apptainer binds its working directory: the caller's, where the rig can s
 # hydra's proxy or slurmstepd) share one ch-run container, as they share the host's user
 # namespace under a setuid or root Apptainer. Each in its own user namespace, MPICH's UCX
 # cannot open its peer's shared memory (/proc/PID/fd: permission denied).
+# A peer joins the namespaces of the first one through /proc/PID/ns; apptainer (Go) execs its
+# starter from another thread, and while that exec replaces the process, /proc/PID/ns/mnt
+# is gone ("join: no PID ... not found"). So every member first waits inside the container
+# until all have joined (a file each in a directory of the shared /tmp), then execs apptainer.
+# The group is named by the PID and start time (a PID is reused, the pair is not) of the
+# process that started the ranks: the parent, or, where hpcai-launch's rank wrapper stays to
+# watch the rank (under Hydra), the wrapper's parent.
+stat_fields() { # the fields of /proc/PID/stat from the third on: [1] ppid, [19] start time
+  local stat
+  stat=$(<"/proc/$1/stat")
+  read -r -a fields <<<"${stat##*) }"
+}
+inside=(/usr/bin/apptainer "$@")
 join=()
 if [[ ${LOCAL_WORLD_SIZE:-1} =~ ^[0-9]+$ ]] && ((${LOCAL_WORLD_SIZE:-1} > 1)); then
-  join=(--join-ct="$LOCAL_WORLD_SIZE" --join-tag="apptainer-rig-$PPID")
+  starter=$PPID
+  case " $(tr '\0' ' ' <"/proc/$starter/cmdline")" in
+    *" -m hpcai.launcher "* | *"/hpcai-launch "*) stat_fields "$starter" && starter=${fields[1]} ;;
+  esac
+  stat_fields "$starter"
+  tag=apptainer-rig-$starter-${fields[19]}
+  join=(--join-ct="$LOCAL_WORLD_SIZE" --join-tag="$tag")
+  barrier='dir=$1 n=$2; shift 2 # run by the sh in the container
+    count() { c=0; for f in "$dir"/"$1".*; do [ -e "$f" ] && c=$((c + 1)); done; echo "$c"; }
+    mkdir -p "$dir" && : >"$dir/in.$$" || exit 2
+    i=0
+    while [ "$(count in)" -lt "$n" ]; do
+      i=$((i + 1))
+      if [ "$i" -gt 1200 ]; then
+        echo "apptainer rig: $n members expected in $dir, going on without them after 60 s" >&2
+        break
+      fi
+      sleep 0.05
+    done
+    : >"$dir/out.$$"
+    [ "$(count out)" -lt "$n" ] || rm -rf "$dir" # the last one through removes it
+    exec "$@"'
+  inside=(/bin/sh -c "$barrier" rig-barrier "/tmp/.$tag" "$LOCAL_WORLD_SIZE" "${inside[@]}")
 fi
 # --no-passwd: the sid root's /etc/passwd names the user's real home, which apptainer mounts
 # (ch-run's generated one says /).
-exec ch-run --no-passwd "${join[@]}" "${binds[@]}" -c "$cwd" "$SID" -- /usr/bin/apptainer "$@"
+exec ch-run --no-passwd "${join[@]}" "${binds[@]}" -c "$cwd" "$SID" -- "${inside[@]}"
 EOF
 chmod 755 "$RIG/bin/.apptainer.new"
 mv "$RIG/bin/.apptainer.new" "$RIG/bin/apptainer"

@@ -53,5 +53,14 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def alive(pid: int) -> bool:
+    """The process runs (a zombie or a PID that is gone does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def both_ranks(tag: str) -> dict[int, int]:
     return wait_for(lambda: (p := rank_pids(tag)) and len(p) == 2 and p, 60, "both ranks")

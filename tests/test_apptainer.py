@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from apptainer_rig import apptainer_rig  # noqa: F401 - fixture
 from conftest import FLAVOURS, run
+from jobs import alive, wait_for
 from rankcheck import assert_one_world, load_ranks
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
 
@@ -229,6 +232,30 @@ def test_apptainer_trains_3dgan_with_host_mpi(apptainer_rig, image, host_mpi, tm
     provenance = epochs[0]["provenance"]
     assert provenance["world_size"] == 2 and provenance["libmpi"] == lib, provenance
     assert VERSION[host_mpi.name] in provenance["mpi_library_version"]
+
+
+def test_a_rank_failing_in_apptainer_ends_the_job(apptainer_rig, image, host_mpi, tmp_path):
+    """Rank 1's command fails in its container before MPI starts while rank 0 waits in
+    ``MPI_Init``: the job ends within seconds with rank 1's status and no rank is left
+    (tests/test_rankwatch.py has the bare launchers as controls). Under MPICH's Hydra the
+    rank wrapper aborts the job and names the rank; Open MPI's mpirun ends it itself."""
+    shutil.copy(PROGRAMS / "fail_before_mpi.py", tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = launch(apptainer_rig, host_mpi, "--container", str(image), "--", "python3",
+                    "fail_before_mpi.py", "out", "--mpi", cwd=tmp_path, timeout=120)
+    text = result.stdout + result.stderr
+    pids = [int(p.read_text()) for p in out.glob("*.pid")]
+    try:        # the launcher may exit while its kills are still under way
+        wait_for(lambda: not any(map(alive, pids)), 10, "no rank left")
+    finally:
+        left = [pid for pid in pids if alive(pid)]
+        for pid in left:                    # only the ranks this test started
+            os.kill(pid, signal.SIGKILL)
+    assert result.returncode == 3, text[-3000:]
+    assert len(pids) == 2 and not left, (pids, left, text[-3000:])
+    named = "error: rank 1 of 2 on " in text and "aborts the job" in text
+    assert named == (host_mpi.name == "mpich"), text[-3000:]
 
 
 @pytest.mark.parametrize("work", ["read-only site bind", "not bound"])

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import FLAVOURS, base_env, run
 from hpcai.launcher.abi import FLAVOURS as RECORDS
-from jobs import wait_for
+from jobs import alive, wait_for
 from apptainer_rig import apptainer_rig  # noqa: F401 - fixture
 from test_image import image  # noqa: F401 - the built image (fixture)
 
@@ -100,7 +100,7 @@ class Job:
 
     def kill(self) -> None:
         for pid in [self.proc.pid, *self.ranks()]:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if self.proc.poll() is None:
             self.proc.wait()
@@ -108,14 +108,6 @@ class Job:
 
 def children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _stop_number(flavour) -> int:
@@ -180,12 +172,12 @@ def test_killing_hpcai_launch_takes_mpirun_and_the_ranks_with_it(tmp_path):
         os.kill(job.proc.pid, signal.SIGKILL)
         job.proc.wait(timeout=10)
         deadline = time.monotonic() + 30
-        while any(map(_alive, [mpirun, *ranks])) and time.monotonic() < deadline:
+        while any(map(alive, [mpirun, *ranks])) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [p for p in [mpirun, *ranks] if _alive(p)], "left running"
+        assert not [p for p in [mpirun, *ranks] if alive(p)], "left running"
     finally:
         job.kill()
-        if _alive(mpirun):
+        if alive(mpirun):
             os.kill(mpirun, signal.SIGKILL)
 
 

@@ -1,0 +1,100 @@
+"""A rank that fails before it starts MPI ends the whole job, under every launcher here.
+
+Open MPI's mpirun ends the job itself. Hydra (MPICH 4.0 from apt, MPICH 5 and Intel MPI from
+PyPI) leaves the other ranks waiting (the controls, under the bare launcher), so there the
+rank wrapper watches the rank and aborts the job through Hydra's PMI (:mod:`.rankwatch`):
+hpcai-launch exits with the failed rank's status, names it and its host, and no rank is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import base_env
+from jobs import alive, wait_for
+from hpcai.launcher.rankenv import STARTERS, RankInfo, abort_fd
+from test_signals import LAUNCHERS, _launcher
+
+pytestmark = pytest.mark.mpi
+PROGRAM = str(Path(__file__).parent / "programs" / "fail_before_mpi.py")
+HOST = socket.gethostname()
+
+
+def _pids(out: Path) -> list[int]:
+    return [int(p.read_text()) for p in out.glob("*.pid")]
+
+
+def _end(out: Path) -> None:
+    for pid in _pids(out):          # only the ranks this test started
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_a_rank_that_fails_before_mpi_ends_the_job(name, tmp_path):
+    """Rank 1 exits 3 while rank 0 waits in MPI: the job ends within seconds with status 3;
+    under Hydra hpcai-launch says which rank failed, on which host."""
+    flavour, launcher, extra = _launcher(name)
+    out = tmp_path / "out"
+    out.mkdir()
+    begun = time.monotonic()
+    try:
+        result = subprocess.run(
+            ["hpcai-launch", "-N", "2", "--mpi", flavour, "--mpirun", launcher, "--",
+             sys.executable, PROGRAM, str(out), "--mpi"], env=base_env(**extra),
+            capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - begun
+        text = result.stdout + result.stderr
+        # the launcher may exit while its kills are still under way
+        left = wait_for(lambda: not any(map(alive, _pids(out))) or None, 10, "no rank left")
+    finally:
+        _end(out)
+    assert result.returncode == 3, text[-3000:]
+    assert took < 60, (took, text[-3000:])
+    assert "rank 1: failing before MPI" in text
+    assert len(_pids(out)) == 2 and left, text[-3000:]
+    watched = not STARTERS["openmpi" if flavour == "openmpi" else "hydra"].ends_job
+    said = f"error: rank 1 of 2 on {HOST}: python" in text and "aborts the job" in text
+    assert said == watched, text[-3000:]
+
+
+@pytest.mark.parametrize("name", [n for n in LAUNCHERS if not n.startswith("openmpi")])
+def test_control_hydra_itself_leaves_the_other_ranks_waiting(name, tmp_path):
+    """The same job under the bare launcher (no hpcai wrapper): 10 s after rank 1 failed,
+    the launcher still waits for rank 0."""
+    _, launcher, extra = _launcher(name)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([launcher, "-n", "2", sys.executable, PROGRAM, str(out)],
+                            env=base_env(**extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        assert len(_pids(out)) == 2
+        assert [alive(p) for p in sorted(_pids(out))] == [True, False]
+    finally:
+        _end(out)
+        proc.kill()
+        proc.communicate()
+
+
+def _info(started_by: str, size: int = 2) -> RankInfo:
+    return RankInfo(rank=1, size=size, local_rank=1, local_size=size, node_rank=0,
+                    started_by=started_by, job_key="k")
+
+
+def test_only_ranks_of_a_launcher_that_would_not_end_the_job_are_watched():
+    assert abort_fd(_info("hydra"), {"PMI_FD": "5"}) == 5
+    assert abort_fd(_info("hydra", size=1), {"PMI_FD": "5"}) is None     # no peer waits
+    assert abort_fd(_info("hydra"), {"PMI_PORT": "vm:1234"}) is None     # no socket to use
+    assert abort_fd(_info("openmpi"), {"PMI_FD": "5"}) is None           # mpirun ends it
+    assert abort_fd(_info("slurm"), {"PMI_FD": "5"}) is None             # srun -K does
