@@ -19,8 +19,8 @@ child (:func:`run`) and waits:
   launcher to abort the job through the PMI-1 socket the rank inherited (``cmd=init``, then
   ``cmd=abort exitcode=N``). mpiexec then ends every rank and exits with N (128 + the
   signal's number for a signal).
-- A status after the wrapper has passed on a signal is the command's answer to it (a
-  checkpoint and exit, as asked), never a reason to abort.
+- A status after the wrapper has passed on a signal that stops a job (:data:`STOPS`) is the
+  command's answer to it (a checkpoint and exit, as asked), never a reason to abort.
 
 The cost is one waiting process per rank (the wrapper's Python, which has imported little).
 A rank the wrapper cannot start (no such program) ends the job the same way.
@@ -43,9 +43,10 @@ STOPPED = 75            # EX_TEMPFAIL: stopped on purpose (hpcai-train's EXIT_PR
 GRACE_S = 3.0
 CANNOT_START = 127      # as a shell says for a command it cannot run
 PR_SET_PDEATHSIG = 1
-# Every signal a launcher, Slurm or a user sends a job to stop, pause or report
-RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-           signal.SIGUSR2, signal.SIGALRM, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH)
+# The signals a launcher, Slurm or a user sends a job to stop it (or to checkpoint and stop)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+         signal.SIGUSR2, signal.SIGALRM)
+RELAYED = (*STOPS, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH)   # ... and the others
 
 
 def run(argv: tuple[str, ...], env: dict[str, str], info: RankInfo, pmi_fd: int) -> NoReturn:
@@ -58,7 +59,8 @@ def run(argv: tuple[str, ...], env: dict[str, str], info: RankInfo, pmi_fd: int)
         _fail(info, argv[0], f"could not be started ({exc.strerror})", CANNOT_START, pmi_fd)
 
     def relay(signum: int, _frame: object) -> None:
-        relayed.add(signum)
+        if signum in STOPS:
+            relayed.add(signum)
         try:
             os.kill(pid, signum)
         except ProcessLookupError:

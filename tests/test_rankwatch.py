@@ -122,3 +122,48 @@ def test_only_ranks_of_a_launcher_that_would_not_end_the_job_are_watched():
     assert abort_fd(_info("hydra"), {"PMI_PORT": "vm:1234"}) is None     # no socket to use
     assert abort_fd(_info("openmpi"), {"PMI_FD": "5"}) is None           # mpirun ends it
     assert abort_fd(_info("slurm"), {"PMI_FD": "5"}) is None             # srun -K does
+
+
+STOPPING = """
+import os, signal, sys, time
+out = sys.argv[1]
+def stop(signum, frame):
+    if os.environ["RANK"] == "0":       # rank 0's checkpoint outlasts the wrappers' grace
+        time.sleep(5)
+    open(os.path.join(out, os.environ["RANK"]), "a").write("stopped\\n")
+    sys.exit(5)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(out, os.environ["RANK"]), "w").write("ready\\n")
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_failure_status_after_a_stop_signal_is_the_answer_not_a_failure(tmp_path):
+    """SIGTERM to the job under Hydra: each rank's wrapper passes it on once; the ranks
+    stop and exit 5, rank 1 at once, rank 0 after a 5 s checkpoint, and rank 1's wrapper
+    does not abort the job meanwhile: both finish. (The tests above are the control: exit
+    statuses that are failures do abort a job, 3 s after the rank ended.)"""
+    flavour, launcher, extra = _launcher("mpich")
+    program = tmp_path / "stopping.py"
+    program.write_text(STOPPING)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(["hpcai-launch", "-N", "2", "--mpi", flavour, "--mpirun", launcher,
+                             "--", sys.executable, str(program), str(out)],
+                            env=base_env(**extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: len(list(out.iterdir())) == 2 or proc.poll() is not None, 60,
+                 "both ranks ready")
+        os.kill(proc.pid, signal.SIGTERM)
+        text = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert {f.name: f.read_text() for f in out.iterdir()} == {
+        "0": "ready\nstopped\n", "1": "ready\nstopped\n"}, text
+    # mpiexec.mpich, itself signalled, exits with 5 or, by timing, 0 (seen both)
+    assert proc.returncode in (0, 5), text
+    assert "aborts the job" not in text, text
