@@ -22,8 +22,8 @@ child (:func:`run`) and waits:
 - A status after the wrapper has passed on a signal that stops a job (:data:`STOPS`) is the
   command's answer to it (a checkpoint and exit, as asked), never a reason to abort.
 
-The cost is one waiting process per rank (the wrapper's Python, which has imported little).
-A rank the wrapper cannot start (no such program) ends the job the same way.
+The cost is one waiting process per rank, the wrapper's Python. A rank the wrapper cannot
+start (no such program) ends the job the same way, with status 127.
 """
 
 from __future__ import annotations
