@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -90,12 +91,10 @@ def run_relaying(argv: tuple[str, ...], plan_env: dict[str, str], relay: dict[st
     child's group gets it while it runs (keyboard input and Ctrl-C go to the child, as after
     an exec). Returns the child's exit status; if a signal ended it, ends this process with
     the same signal. If this process dies first, the child gets SIGTERM (PR_SET_PDEATHSIG)."""
-    env = dict(os.environ)
-    env.update(plan_env)
     first = {getattr(signal, got): getattr(signal, sent) for got, sent in relay.items()}
     tty = _foreground_terminal()
     try:
-        child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_die_with_parent)
+        child = start_child(argv, plan_env)
     except OSError as exc:
         raise UserError(f"cannot start {argv[0]}: {exc.strerror}",
                         "check that the program exists and is executable") from exc
@@ -115,12 +114,34 @@ def run_relaying(argv: tuple[str, ...], plan_env: dict[str, str], relay: dict[st
     _give_terminal(tty, child.pid)
     code = child.wait()     # restarted after each handler (PEP 475)
     _give_terminal(tty, os.getpgrp())
-    if code >= 0:
-        return code
+    return code if code >= 0 else end_by_signal(-code)
+
+
+def start_child(argv: tuple[str, ...], plan_env: dict[str, str], *,
+                dies_by: int = signal.SIGTERM, keep_fds: bool = False) -> subprocess.Popen:
+    """``argv`` with this process's environment and ``plan_env``, in a process group of its
+    own, sent ``dies_by`` when this process dies (PR_SET_PDEATHSIG). ``keep_fds``: it
+    inherits this process's inheritable descriptors (a rank's PMI socket). Raises OSError
+    when it cannot be started."""
+    return subprocess.Popen(argv, env=_with_environ(plan_env), process_group=0,
+                            close_fds=not keep_fds,
+                            preexec_fn=functools.partial(_die_with_parent, dies_by, os.getpid()))
+
+
+def end_by_signal(signum: int) -> int:
+    """End this process by ``signum``, as its child ended; returns ``128 + signum`` only
+    for a signal whose default is not to end the process."""
     with contextlib.suppress(OSError, ValueError):      # SIGKILL cannot be set
-        signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-    return 128 - code       # a signal whose default is not to end the process
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return 128 + signum
+
+
+def _with_environ(plan_env: dict[str, str]) -> dict[str, str]:
+    """This process's environment updated with the plan's."""
+    env = dict(os.environ)
+    env.update(plan_env)
+    return env
 
 
 def _foreground_terminal() -> int | None:
@@ -145,9 +166,12 @@ def _give_terminal(fd: int | None, pgrp: int) -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux prctl)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _die_with_parent(signum: int, parent: int) -> None:
+    """In the child, before exec: ``signum`` when the parent dies (Linux prctl), or at once
+    if ``parent`` already died."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)
 
 
 def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str, str], ...],
@@ -165,20 +189,16 @@ def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str
         line, ok = binding_report(info, bind_cpus, env.get("OMP_NUM_THREADS"), after, how)
         text = line if ok else f"warning: {line}: real affinity differs from the plan"
         os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
-    pmi_fd = abort_fd(info, dict(os.environ))
+    pmi_fd = abort_fd(info, os.environ)
     if pmi_fd is not None:
         from .rankwatch import run
-        full = dict(os.environ)
-        full.update(env)
-        run(argv, full, info, pmi_fd)
+        run(argv, env, info, pmi_fd)
     _exec(argv, env)
 
 
 def _exec(argv: tuple[str, ...], plan_env: dict[str, str]) -> None:
-    env = dict(os.environ)
-    env.update(plan_env)
     try:
-        os.execvpe(argv[0], list(argv), env)
+        os.execvpe(argv[0], list(argv), _with_environ(plan_env))
     except OSError as exc:
         raise UserError(f"cannot start {argv[0]}: {exc.strerror}",
                         "check that the program exists and is executable") from exc

@@ -9,7 +9,7 @@ turned into the variables ``torch.distributed``'s ``env://`` and Horovod read.
 from __future__ import annotations
 
 import zlib
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from ..slurm.nodelist import expand_hostlist, parse_tasks_per_node
 
@@ -113,7 +113,7 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
     return None
 
 
-def abort_fd(info: RankInfo, env: dict[str, str]) -> int | None:
+def abort_fd(info: RankInfo, env: Mapping[str, str]) -> int | None:
     """The PMI-1 socket through which this rank's wrapper aborts the job if the rank fails,
     where its launcher would not end the job itself (None: the wrapper execs the command)."""
     starter = STARTERS[info.started_by]

@@ -28,48 +28,42 @@ start (no such program) ends the job the same way, with status 127.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import resource
 import signal
-import socket
 import sys
 import time
 from typing import NoReturn
 
+from .execute import end_by_signal, start_child
 from .rankenv import RankInfo
 
 STOPPED = 75            # EX_TEMPFAIL: stopped on purpose (hpcai-train's EXIT_PREEMPTED)
 GRACE_S = 3.0
 CANNOT_START = 127      # as a shell says for a command it cannot run
-PR_SET_PDEATHSIG = 1
 # The signals a launcher, Slurm or a user sends a job to stop it (or to checkpoint and stop)
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
          signal.SIGUSR2, signal.SIGALRM)
 RELAYED = (*STOPS, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH)   # ... and the others
 
 
-def run(argv: tuple[str, ...], env: dict[str, str], info: RankInfo, pmi_fd: int) -> NoReturn:
-    """Run ``argv`` as this rank's child, pass signals on, end with its status; abort the
-    job through ``pmi_fd`` if it fails (see the module docstring)."""
+def run(argv: tuple[str, ...], plan_env: dict[str, str], info: RankInfo,
+        pmi_fd: int) -> NoReturn:
+    """Run ``argv`` (with ``plan_env``) as this rank's child, pass signals on, end with its
+    status; abort the job through ``pmi_fd`` if it fails (see the module docstring)."""
     relayed: set[int] = set()
-    try:
-        pid = _spawn(argv, env)
+    try:        # the child keeps the PMI socket; it dies with this process
+        child = start_child(argv, plan_env, dies_by=signal.SIGKILL, keep_fds=True)
     except OSError as exc:
         _fail(info, argv[0], f"could not be started ({exc.strerror})", CANNOT_START, pmi_fd)
 
     def relay(signum: int, _frame: object) -> None:
         if signum in STOPS:
             relayed.add(signum)
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+        child.send_signal(signum)
 
     for sig in RELAYED:
         signal.signal(sig, relay)
-    _, status = os.waitpid(pid, 0)         # restarted after each handler (PEP 475)
-    code = os.waitstatus_to_exitcode(status)
+    code = child.wait()                     # restarted after each handler (PEP 475)
     if code == 0 or code == STOPPED or (relayed and code > 0):
         os._exit(code)
     if code < 0 and -code in relayed:       # stopped as asked: end the same way, quietly
@@ -79,42 +73,11 @@ def run(argv: tuple[str, ...], env: dict[str, str], info: RankInfo, pmi_fd: int)
     _fail(info, argv[0], how, code if code > 0 else 128 - code, pmi_fd)
 
 
-def _spawn(argv: tuple[str, ...], env: dict[str, str]) -> int:
-    """Fork and exec ``argv`` in a process group of its own, killed when this process dies;
-    its PID. Raises OSError when the exec failed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    report_r, report_w = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:                            # the child: no Python beyond this point
-        try:
-            os.close(report_r)              # report_w closes on exec: nothing to say
-            os.setpgid(0, 0)
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:      # the wrapper died before prctl
-                os._exit(128 + signal.SIGKILL)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):   # Python ignores them
-                signal.signal(sig, signal.SIG_DFL)
-            os.execvpe(argv[0], list(argv), env)
-        except OSError as exc:
-            os.write(report_w, str(exc.errno or 0).encode())
-        finally:
-            os._exit(CANNOT_START)
-    os.close(report_w)
-    with os.fdopen(report_r, "rb") as report:   # empty: exec succeeded (close-on-exec)
-        failed = report.read()
-    if failed:
-        os.waitpid(pid, 0)
-        raise OSError(int(failed), os.strerror(int(failed)))
-    return pid
-
-
 def _fail(info: RankInfo, program: str, how: str, code: int, pmi_fd: int) -> NoReturn:
     """Say which rank failed, give its peers :data:`GRACE_S` to say the same, abort the
     job through the launcher's PMI (or, if that fails, exit with ``code``)."""
     name = os.path.basename(program)
-    host = socket.gethostname()
+    host = os.uname().nodename
     _say(f"error: rank {info.rank} of {info.size} on {host}: {name} {how}; "
          f"hpcai-launch aborts the job (its mpiexec would leave the other ranks waiting)\n"
          f"hint: the output of rank {info.rank} above says why {name} failed\n")
@@ -129,6 +92,8 @@ def _fail(info: RankInfo, program: str, how: str, code: int, pmi_fd: int) -> NoR
 
 def _pmi_abort(fd: int, code: int) -> None:
     """PMI-1's wire protocol on the launcher's socket: init, then abort with ``code``."""
+    import socket
+
     sock = socket.socket(fileno=os.dup(fd))
     try:
         sock.settimeout(10)
@@ -146,10 +111,10 @@ def _pmi_abort(fd: int, code: int) -> None:
 
 def _end_by_signal(signum: int) -> NoReturn:
     """End this process by ``signum`` (no core file), as the child ended."""
+    import resource
+
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    os._exit(128 + signum)      # a signal whose default is not to end the process
+    os._exit(end_by_signal(signum))
 
 
 def _say(text: str) -> None:
