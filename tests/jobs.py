@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterable
 
 from conftest import base_env, run
 
@@ -60,6 +63,24 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def pid_files(out: Path) -> list[int]:
+    """The PIDs a test program's ranks wrote to OUT/<rank>.pid."""
+    return [int(p.read_text()) for p in out.glob("*.pid")]
+
+
+def end_left(pids: Iterable[int], wait_s: float = 0.0) -> list[int]:
+    """Those of ``pids`` (processes the test started) still running after up to ``wait_s``
+    seconds (a launcher may exit while its kills are under way), killed with SIGKILL."""
+    pids = list(pids)
+    deadline = time.monotonic() + wait_s
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def both_ranks(tag: str) -> dict[int, int]:

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
 from apptainer_rig import apptainer_rig  # noqa: F401 - fixture
 from conftest import FLAVOURS, run
-from jobs import alive, wait_for
+from jobs import end_left, pid_files
 from rankcheck import assert_one_world, load_ranks
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
 
@@ -245,13 +243,8 @@ def test_a_rank_failing_in_apptainer_ends_the_job(apptainer_rig, image, host_mpi
     result = launch(apptainer_rig, host_mpi, "--container", str(image), "--", "python3",
                     "fail_before_mpi.py", "out", "--mpi", cwd=tmp_path, timeout=120)
     text = result.stdout + result.stderr
-    pids = [int(p.read_text()) for p in out.glob("*.pid")]
-    try:        # the launcher may exit while its kills are still under way
-        wait_for(lambda: not any(map(alive, pids)), 10, "no rank left")
-    finally:
-        left = [pid for pid in pids if alive(pid)]
-        for pid in left:                    # only the ranks this test started
-            os.kill(pid, signal.SIGKILL)
+    pids = pid_files(out)
+    left = end_left(pids, wait_s=10)    # the launcher may exit while its kills are under way
     assert result.returncode == 3, text[-3000:]
     assert len(pids) == 2 and not left, (pids, left, text[-3000:])
     named = "error: rank 1 of 2 on " in text and "aborts the job" in text

@@ -22,7 +22,7 @@ from conftest import base_env
 from hpcai.core.errors import UserError
 from hpcai.training import checkpoint, watchdog
 from hpcai.training.watchdog import Beat, Watchdog, stalled_rank
-from jobs import both_ranks, start, train, wait_for
+from jobs import both_ranks, end_left, start, train, wait_for
 
 TINY = ["resnet-tiny", "--image-size", "32", "--classes", "10", "--batch-size", "4",
         "--peak-gflops", "50", "--verify-every", "5"]
@@ -42,12 +42,6 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
-
-
-def _kill_leftovers(pids: dict[int, int]) -> None:
-    for pid in pids.values():   # only the ranks this test started
-        if _state(pid) not in ("", "Z"):
-            os.kill(pid, signal.SIGKILL)
 
 
 # -- a killed or crashing rank --------------------------------------------------------------
@@ -105,7 +99,7 @@ def test_a_frozen_rank_ends_the_job_within_the_bound_and_is_named(stopped, tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
-        _kill_leftovers(pids)
+        end_left(pids.values())
     text = log.read_text()
     assert code == 124, text[-3000:]
     bound = 15 + (5 if stopped == 0 else 0)
@@ -236,7 +230,7 @@ def _usr1_when(out: Path, args: list[str], tag: str, ready) -> tuple[int, str, o
     finally:
         if proc.poll() is None:
             proc.kill()
-        _kill_leftovers(pids)
+        end_left(pids.values())
     return code, log.read_text(), seen
 
 

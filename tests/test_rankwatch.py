@@ -21,23 +21,13 @@ from pathlib import Path
 import pytest
 
 from conftest import base_env
-from jobs import alive, wait_for
+from jobs import alive, end_left, pid_files, wait_for
 from hpcai.launcher.rankenv import RankInfo, abort_fd
 from test_signals import LAUNCHERS, _launcher
 
 pytestmark = pytest.mark.mpi
 PROGRAM = str(Path(__file__).parent / "programs" / "fail_before_mpi.py")
 HOST = socket.gethostname()
-
-
-def _pids(out: Path) -> list[int]:
-    return [int(p.read_text()) for p in out.glob("*.pid")]
-
-
-def _end(out: Path) -> None:
-    for pid in _pids(out):          # only the ranks this test started
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 HYDRAS = [n for n in LAUNCHERS if not n.startswith("openmpi")]
@@ -66,15 +56,13 @@ def test_a_rank_that_fails_before_mpi_ends_the_job(name, how, tmp_path):
              sys.executable, PROGRAM, str(out), "--mpi", *args], env=base_env(**extra),
             capture_output=True, text=True, timeout=120)
         took = time.monotonic() - begun
-        text = result.stdout + result.stderr
-        # the launcher may exit while its kills are still under way
-        left = wait_for(lambda: not any(map(alive, _pids(out))) or None, 10, "no rank left")
     finally:
-        _end(out)
+        left = end_left(pid_files(out), wait_s=10)
+    text = result.stdout + result.stderr
     assert result.returncode == status, text[-3000:]
     assert took < 60, (took, text[-3000:])
     assert "rank 1: failing before MPI" in text
-    assert len(_pids(out)) == 2 and left, text[-3000:]
+    assert len(pid_files(out)) == 2 and not left, (left, text[-3000:])
     said = f"error: rank 1 of 2 on {HOST}: python" in text and "aborts the job" in text
     assert said == (name in HYDRAS), text[-3000:]
 
@@ -102,14 +90,14 @@ def test_control_bare_hydra_leaves_the_other_ranks_waiting(name, how, tmp_path):
         except subprocess.TimeoutExpired:
             pass
         ended = proc.poll() is not None
-        assert len(_pids(out)) == 2
+        assert len(pid_files(out)) == 2
         assert ended == BARE_ENDS[how][name]
         if ended:       # the launcher may exit while its kills are still under way
-            wait_for(lambda: not any(map(alive, _pids(out))), 10, "no rank left")
+            wait_for(lambda: not any(map(alive, pid_files(out))), 10, "no rank left")
         by_rank = [int((out / f"{rank}.pid").read_text()) for rank in (0, 1)]
         assert [alive(pid) for pid in by_rank] == [not ended, False]
     finally:
-        _end(out)
+        end_left(pid_files(out))
         proc.kill()
         proc.communicate()
 
