@@ -1,7 +1,7 @@
 """A CUDA probe inside a ch-run container, with and without the host driver bound.
 
-Builds a minimal image directory (the ``cudaprobe`` binary and the glibc it needs, nothing
-of CUDA), stages the host driver's compute libraries that :func:`hpcai.launcher.nvdriver.gather`
+Builds a minimal image directory (the ``cudaprobe`` binary and the glibc family the driver
+needs, nothing of CUDA), stages the host driver's compute libraries that :func:`hpcai.launcher.nvdriver.gather`
 finds (copies, mode 0444, with their sonames as links) and runs the probe twice with ch-run:
 ``--no-driver`` (the control: the image has no libcuda, so the probe must fail) and with the
 staged folder bound at ``/opt/hpcai/host`` on ``LD_LIBRARY_PATH`` (the host's /dev is ch-run's
@@ -44,7 +44,11 @@ def build_image(probe: str, image: Path) -> None:
     for sub in ("bin", "dev", "proc", "sys", "tmp", "etc", "home", MOUNT.lstrip("/")):
         (image / sub).mkdir(parents=True, exist_ok=True)
     shutil.copy2(probe, image / "bin" / "cudaprobe")
-    for lib in _needed(probe):
+    libc = next(lib for lib in _needed(probe) if "/libc.so" in lib)
+    # the glibc family the driver's libraries need (libm, libdl, libpthread, librt)
+    family = [str(Path(libc).parent / n) for n in ("libm.so.6", "libdl.so.2",
+                                                    "libpthread.so.0", "librt.so.1")]
+    for lib in [*_needed(probe), *[f for f in family if os.path.exists(f)]]:
         target = image / lib.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.realpath(lib), target)
