@@ -35,14 +35,14 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import UserError
-from . import jobplan
-from .rankenv import from_environ
+from .job import jobplan
+from .job.rankenv import from_environ
 
 if TYPE_CHECKING:
     import argparse
 
     from ..core.cli import Parser
-    from .options import Options
+    from .planning.options import Options
 
 
 def _validate(argv: list[str]) -> int:
@@ -51,17 +51,17 @@ def _validate(argv: list[str]) -> int:
 
 
 def _sbatch(argv: list[str]) -> int:
-    from ..slurm.sbatch import main as sbatch
+    from .batch.sbatch import main as sbatch
     return sbatch(argv)
 
 
 def _sweep(argv: list[str]) -> int:
-    from ..slurm.sweep import main as sweep
+    from .batch.sweep import main as sweep
     return sweep(argv)
 
 
 def _report(argv: list[str]) -> int:
-    from ..slurm.report import run as report
+    from .batch.report import run as report
     return report(argv)
 
 
@@ -102,7 +102,7 @@ def make_parser() -> Parser:
     import argparse
 
     from ..core.cli import Parser
-    from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
+    from .planning.options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
@@ -153,7 +153,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     """The command line and the ``HPCAI_*`` defaults, checked for values and combinations
     that would be ignored or cannot work."""
     from ..core.cli import split_command
-    from .options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
+    from .planning.options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
     head, command = split_command(argv)
     ns = make_parser().parse_args(head)
     if command is None:
@@ -183,10 +183,10 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
 def _select_install(ns: argparse.Namespace) -> None:
     """``--mpi family@version`` or ``--mpi PATH``: the host install it names becomes the
     flavour and (unless ``--mpirun`` is given) the launcher."""
-    from .abi import FLAVOURS
-    from .mpis import discover, select
+    from .mpi.abi import FLAVOURS
+    from .mpi.mpis import discover, select
 
-    from .site import SiteProfile
+    from .job.site import SiteProfile
 
     env = dict(os.environ)
     site = SiteProfile.chosen(ns.site, env)
@@ -283,8 +283,8 @@ class _Launch:
             raise
 
     def _plan(self, argv: list[str]) -> int:
-        from .facts import gather_facts
-        from .plan import build_plan, key_files, rank_template
+        from .planning.facts import gather_facts
+        from .planning.plan import build_plan, key_files, rank_template
 
         options, ns = parse(argv)
         if from_environ(dict(os.environ)) is None:   # the outer hpcai-launch, not a rank
@@ -298,7 +298,7 @@ class _Launch:
         if self.job is not None and plan.mode == "rank":
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
             jobplan.write(self.job.path, key, rank_template(options, facts))
-        from .execute import exec_plan
+        from .run.execute import exec_plan
         return exec_plan(plan, report_bindings=options.report_bindings)
 
     def report(self, exc: UserError) -> None:

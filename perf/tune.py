@@ -77,7 +77,7 @@ def _parser() -> Parser:
 
 def physical_cores() -> int:
     """Cores (not hardware threads) this process may use."""
-    from ..launcher.topology import allowed_cpus, from_sysfs
+    from ..launcher.node.topology import allowed_cpus, from_sysfs
 
     return len(from_sysfs(allowed=allowed_cpus(in_rank=False)).cores)
 

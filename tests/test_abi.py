@@ -1,4 +1,4 @@
-"""The MPI ABI table (hpcai.launcher.abi): its records are consistent, the lookups read
+"""The MPI ABI table (hpcai.launcher.mpi.abi): its records are consistent, the lookups read
 them, and a flavour or family added to the table is picked up by detection, host-MPI
 discovery, collection and planning without other code changes."""
 
@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from hpcai.core.errors import UserError
-from hpcai.launcher import abi, flavours, hostlibs, hostmpi, preflight
-from hpcai.slurm import pmi
-from hpcai.launcher.abi import CompatLink, Family, Flavour
-from hpcai.launcher.flavours import MpiInstall
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.options import Options
-from hpcai.launcher.plan import build_plan, mpi_library_env
-from hpcai.launcher.topology import synthetic
+from hpcai.launcher.mpi import abi, flavours, hostmpi
+from hpcai.launcher.container import hostlibs, preflight
+from hpcai.launcher.mpi import pmi
+from hpcai.launcher.mpi.abi import CompatLink, Family, Flavour
+from hpcai.launcher.mpi.flavours import MpiInstall
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.planning.options import Options
+from hpcai.launcher.planning.plan import build_plan, mpi_library_env
+from hpcai.launcher.node.topology import synthetic
 
 
 # --- the table is consistent ---------------------------------------------------------------

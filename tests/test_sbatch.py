@@ -10,9 +10,9 @@ import pytest
 
 from conftest import base_env, run
 from hpcai.core.errors import UserError
-from hpcai.slurm.sbatch import JobSpec, render
-from hpcai.launcher.site import SiteProfile
-from hpcai.slurm.sweep import parse_counts, plan_points
+from hpcai.launcher.batch.sbatch import JobSpec, render
+from hpcai.launcher.job.site import SiteProfile
+from hpcai.launcher.batch.sweep import parse_counts, plan_points
 
 GOLDEN = Path(__file__).parent / "golden"
 LRZ = Path(__file__).parent / "data" / "site-lrz.toml"

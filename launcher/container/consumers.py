@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import abi, elf
+from ..mpi import abi, elf
 from .preflight import IMAGE_LIB_DIRS, _in_root
 
 SCAN_GLOBS = ("usr/local/lib/python3*/dist-packages", "usr/local/lib/python3*/site-packages",

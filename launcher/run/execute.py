@@ -13,12 +13,12 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from ..core.errors import UserError
-from .rankenv import abort_fd
+from ...core.errors import UserError
+from ..job.rankenv import abort_fd
 
 if TYPE_CHECKING:
-    from .plan import LaunchPlan
-    from .rankenv import RankInfo
+    from ..planning.plan import LaunchPlan
+    from ..job.rankenv import RankInfo
 
 
 def make_compat_links(links: tuple[tuple[str, str], ...]) -> None:
@@ -56,7 +56,7 @@ def apply_binding(cpus: tuple[int, ...] | None) -> tuple[set[int], set[int], str
 def binding_report(info: RankInfo, bind_cpus: tuple[int, ...] | None, threads: str | None,
                    after: set[int], how: str) -> tuple[str, bool]:
     """One line per rank: real CPU set vs plan. Returns (line, matches plan)."""
-    from .topology import format_cpulist
+    from ..node.topology import format_cpulist
     planned = set(bind_cpus) if bind_cpus is not None else after
     ok = after == planned
     line = (f"hpcai: rank {info.rank}/{info.size} local {info.local_rank}/{info.local_size} "
@@ -75,7 +75,7 @@ def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> int:
                   plan.warnings, report_bindings)
     make_compat_links(plan.compat_links)
     if plan.relay:
-        from .plan import RELAYED_AS_IS
+        from ..planning.plan import RELAYED_AS_IS
         return run_relaying(plan.argv, plan.env_dict(), dict(plan.relay), RELAYED_AS_IS)
     _exec(plan.argv, plan.env_dict())
     return 0  # not reached

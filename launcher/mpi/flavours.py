@@ -13,9 +13,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 from .abi import FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, Flavour
-from .placement import Placement
+from ..node.placement import Placement
 
 # The records come from .abi; callers reach them here beside the functions that find them.
 __all__ = ["FLAVOURS", "INTEL", "MPICH", "OPENMPI", "Flavour", "MpiInstall",

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from typing import Mapping, NamedTuple
 
-from ..slurm.nodelist import expand_hostlist, parse_tasks_per_node
+from ...slurm.nodelist import expand_hostlist, parse_tasks_per_node
 
 PORT_BASE = 20000    # the rendezvous ports stay below Linux's ephemeral range (32768-60999)
 PORT_SPAN = 12763    # a prime: every step multiplier below it permutes the ports

@@ -28,11 +28,11 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import abi, elf
-from ..core.errors import UserError
-from .abi import PluginSpec
-from .hostmpi import HostMpi
-from .site import SiteProfile
+from ..mpi import abi, elf
+from ...core.errors import UserError
+from ..mpi.abi import PluginSpec
+from ..mpi.hostmpi import HostMpi
+from ..job.site import SiteProfile
 
 # glibc's own libraries: always the image's, never the host's.
 GLIBC_FAMILY = frozenset({

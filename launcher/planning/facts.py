@@ -15,17 +15,19 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import flavours, jobplan, rankenv, topology
-from .flavours import MpiInstall
+from ..mpi import flavours
+from ..job import jobplan, rankenv
+from ..node import topology
+from ..mpi.flavours import MpiInstall
 from .options import Options
-from .rankenv import RankInfo, in_slurm_step
-from .site import SiteProfile
-from .topology import Topology
-from ..core.errors import UserError
-from ..slurm import pmi
+from ..job.rankenv import RankInfo, in_slurm_step
+from ..job.site import SiteProfile
+from ..node.topology import Topology
+from ...core.errors import UserError
+from ..mpi import pmi
 
 if TYPE_CHECKING:
-    from .containerplan import ContainerFacts
+    from ..container.containerplan import ContainerFacts
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
         stage_root = os.path.expandvars(site.job_dir)   # node-local: no shared copy
     container = None
     if options.container and options.runtime != "none":
-        from . import containerplan
+        from ..container import containerplan
         srun_pmi = pmi.choose(None, site, mpi.flavour.srun_mpi if mpi else None) \
             if mode == "srun" else None
         container = containerplan.gather(
@@ -106,7 +108,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             stage=stage, argv=options.command)
     kills = None
     if info is not None and info.started_by == "slurm" and info.rank == 0 and info.size > 1:
-        from ..slurm.step import srun_kills_on_bad_exit
+        from ...slurm.step import srun_kills_on_bad_exit
         kills = srun_kills_on_bad_exit(env, sys.argv[1:])
     return Facts(env=env, topology=topo, hostname=socket.gethostname(),
                  self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,

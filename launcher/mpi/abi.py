@@ -24,7 +24,7 @@ from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:
-    from .placement import Placement
+    from ..node.placement import Placement
 
 MULTIARCH: str = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
 

@@ -37,12 +37,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..core.cli import Parser, split_command
-from ..core.errors import UserError
+from ...core.cli import Parser, split_command
+from ...core.errors import UserError
 from .points import Point, PointRecord
 from .sbatch import DEFAULT_SIGNAL, check_job_args, time_limit
-from ..launcher.options import Options
-from ..launcher.placement import check_fits
+from ..planning.options import Options
+from ..node.placement import check_fits
 
 
 def parse_counts(text: str, what: str) -> list[int]:
@@ -287,11 +287,11 @@ def _cores(ns) -> int:
     if ns.cores_per_node:
         return ns.cores_per_node
     if ns.site:
-        from ..launcher.site import SiteProfile
+        from ..job.site import SiteProfile
         site = SiteProfile.load(ns.site)
         if site.cores_per_node:
             return site.cores_per_node
-    from ..launcher.topology import load
+    from ..node.topology import load
     return len(load(ns.topology).cores)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import abi, hostmpi
 from .hostmpi import HostMpi
-from ..core.errors import UserError
+from ...core.errors import UserError
 
 # Strings in a libmpi that show which PMI clients it speaks (the srun --mpi= plugin name).
 PMI_MARKERS: tuple[tuple[bytes, str], ...] = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 
 
 def parse_hosts(text: str) -> tuple[tuple[str, int | None], ...]:

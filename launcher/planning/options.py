@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Iterator, Mapping
 
-from ..core.errors import UserError
-from .abi import FLAVOURS
+from ...core.errors import UserError
+from ..mpi.abi import FLAVOURS
 
 LAUNCHERS = ("auto", "mpirun", "srun")
 RUNTIMES = ("charliecloud", "singularity", "none")

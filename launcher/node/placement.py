@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 from .topology import Core, Topology, format_cpulist
 
 

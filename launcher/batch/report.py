@@ -48,10 +48,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..core.cli import Parser, run_main
-from ..core.errors import UserError
-from ..training.record import EpochRecord, OtherRecord, RecordError
-from ..training.physics_plots import PHYSICS_FILE
+from ...core.cli import Parser, run_main
+from ...core.errors import UserError
+from ...training.record import EpochRecord, OtherRecord, RecordError
+from ...training.physics_plots import PHYSICS_FILE
 from .points import PointRecord
 
 POINT_FILE = "point.json"

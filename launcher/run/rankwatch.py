@@ -35,7 +35,7 @@ import time
 from typing import NoReturn
 
 from .execute import end_by_signal, start_child
-from .rankenv import RankInfo
+from ..job.rankenv import RankInfo
 
 STOPPED = 75            # EX_TEMPFAIL: stopped on purpose (hpcai-train's EXIT_PREEMPTED)
 GRACE_S = 3.0

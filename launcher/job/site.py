@@ -44,7 +44,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 from .jobplan import JOB_DIR_SCOPES, SHARED
 
 try:

@@ -25,15 +25,15 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..launcher import flavours
-from ..core.cli import Parser, split_command
-from ..core.errors import UserError
-from ..launcher.placement import check_fits
-from ..training.config import check_command, train_arguments
-from ..launcher.options import Options
-from ..launcher.site import SiteProfile
-from . import pmi
-from .srun import SrunStep, srun_argv
+from ..mpi import flavours
+from ...core.cli import Parser, split_command
+from ...core.errors import UserError
+from ..node.placement import check_fits
+from ...training.config import check_command, train_arguments
+from ..planning.options import Options
+from ..job.site import SiteProfile
+from ..mpi import pmi
+from ...slurm.srun import SrunStep, srun_argv
 
 DEFAULT_SIGNAL = "USR1@120"
 DEFAULT_RUNTIME = "charliecloud"

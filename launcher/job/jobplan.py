@@ -29,7 +29,7 @@ import os
 import time
 from typing import NamedTuple
 
-from ..core.errors import USAGE_EXIT, UserError
+from ...core.errors import USAGE_EXIT, UserError
 from .rankenv import RankInfo, torch_env
 
 SHARED, NODE = "shared", "node"   # the site profile's job_dir_scope values, owned here
@@ -398,7 +398,7 @@ def start(job: JobRole, env: dict[str, str], started: float) -> None:
     if template is None or len(template.ranks) != job.info.local_size:
         return
     argv, rank_env, cpus = for_rank(template, job.info, env)
-    from .execute import exec_rank
+    from ..run.execute import exec_rank
     head = job.argv[:job.argv.index("--")] if "--" in job.argv else job.argv
     exec_rank(argv, rank_env, template.compat_links, job.info, cpus, (),
               report_bindings="--report-bindings" in head)

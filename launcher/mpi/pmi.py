@@ -3,7 +3,7 @@ library an MPI may have to be pointed at.
 
 Without the right ``--mpi=`` plugin srun starts N silent singletons, each "rank 0 of 1".
 :func:`choose` is the one rule (an explicit choice, then the site profile, then the MPI
-flavour's plugin from :mod:`hpcai.launcher.abi`); :func:`check` compares it with what
+flavour's plugin from :mod:`.abi`); :func:`check` compares it with what
 ``srun --mpi=list`` offers, before any rank starts; :func:`step_mismatch` compares it with
 the plugin srun really used for a rank (:func:`step_plugin`), before the program runs.
 
@@ -22,9 +22,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from ..core.errors import UserError
-from ..launcher import abi, hostmpi
-from ..launcher.site import SiteProfile
+from ...core.errors import UserError
+from . import abi, hostmpi
+from ..job.site import SiteProfile
 
 PMI_SUBDIR = "pmi"      # staged as lib/pmi/<soname>, off the library search path
 

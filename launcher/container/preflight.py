@@ -5,7 +5,7 @@
   has the empty mount point the host libraries are bound at;
 - :func:`check_abi`: host and image MPI are of the same ABI family;
 - :func:`check_glibc`: no bound library needs a newer glibc than the image's.
-(srun's PMI plugin is checked in :mod:`hpcai.slurm.pmi`.)
+(srun's PMI plugin is checked in :mod:`hpcai.launcher.mpi.pmi`.)
 
 :func:`read_image` describes an image: from ``IMG/opt/hpcai/manifest.json`` when the image
 has one (``{"glibc": "2.36", "mpi": {"family": "mpich", "soname": "libmpich.so.12"}}``),
@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import abi, elf
-from ..core.errors import UserError
+from ..mpi import abi, elf
+from ...core.errors import UserError
 
 MANIFEST = "opt/hpcai/manifest.json"
 # The image is of this machine's architecture: its multiarch directory is ours.

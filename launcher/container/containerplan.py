@@ -16,11 +16,12 @@ import pwd
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import abi, consumers, containers, hostlibs, hostmpi, matrix, mpis, preflight
+from ..mpi import abi, hostmpi, mpis
+from . import consumers, containers, hostlibs, matrix, preflight
 from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
-from ..core.errors import UserError
-from .site import SiteProfile
-from ..slurm import pmi
+from ...core.errors import UserError
+from ..job.site import SiteProfile
+from ..mpi import pmi
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..core.errors import UserError
-from ..training.physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
+from ...core.errors import UserError
+from ...training.physics_plots import PHYSICS_FILE, SCHEMA_VERSION, write_plots
 
 
 def _fmt(value) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 
 HOST_MOUNT = "/opt/hpcai/host"      # empty mount point in images built by charliecloud/
 WORK_MOUNT = "/opt/hpcai/work"      # the launch directory

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import abi, consumers, elf
+from ..mpi import abi, elf
+from . import consumers
 from .consumers import Consumer, Need
-from .hostmpi import HostMpi
-from .mpis import HostInstall
-from ..core.errors import UserError
+from ..mpi.hostmpi import HostMpi
+from ..mpi.mpis import HostInstall
+from ...core.errors import UserError
 
 
 @dataclass(frozen=True)

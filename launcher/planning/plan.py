@@ -15,23 +15,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.errors import UserError
-from ..slurm import pmi
-from ..slurm.srun import STOP_SIGNAL as SRUN_STOP_SIGNAL
-from ..slurm.srun import SrunStep, srun_argv
-from . import flavours, jobplan
-from .abi import SYSTEM_LIBDIRS
-from .containers import HOST_MOUNT, get_runtime
+from ...core.errors import UserError
+from ..mpi import pmi
+from ...slurm.srun import STOP_SIGNAL as SRUN_STOP_SIGNAL
+from ...slurm.srun import SrunStep, srun_argv
+from ..mpi import flavours
+from ..job import jobplan
+from ..mpi.abi import SYSTEM_LIBDIRS
+from ..container.containers import HOST_MOUNT, get_runtime
 from .facts import Facts, choose_mode
-from .flavours import MpiInstall
-from .hosts import parse_hosts
+from ..mpi.flavours import MpiInstall
+from ..node.hosts import parse_hosts
 from .options import Options
-from .placement import Placement, plan_placement, thread_env
-from .rankenv import RankInfo
-from .topology import Topology, allowed_env
+from ..node.placement import Placement, plan_placement, thread_env
+from ..job.rankenv import RankInfo
+from ..node.topology import Topology, allowed_env
 
 if TYPE_CHECKING:
-    from .containerplan import ContainerFacts
+    from ..container.containerplan import ContainerFacts
 
 # Signals hpcai-launch passes on unchanged when it runs the launcher as a child.
 RELAYED_AS_IS = ("SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -179,7 +180,7 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
             raise UserError(f"command not found in image {facts.container.image}: "
                             f"{options.command[0]!r}",
                             "check the spelling, or give the absolute path inside the image")
-        from .containerplan import spec
+        from ..container.containerplan import spec
         spec(facts.container, options.binds, facts.cwd, facts.env)   # binds refused here
     elif facts.command_path is None:
         raise UserError(f"command not found: {options.command[0]!r}",
@@ -410,8 +411,8 @@ def _rank_parts(options: Options, facts: Facts) -> tuple[
     links: tuple[tuple[str, str], ...] = ()
     argv: tuple[str, ...] = (facts.command_path or options.command[0], *options.command[1:])
     if facts.container is not None:
-        from .containerplan import spec
-        from .containers import wrap
+        from ..container.containerplan import spec
+        from ..container.containers import wrap
         cspec = spec(facts.container, options.binds, facts.cwd, facts.env)
         env.update(cspec.env)
         argv = tuple(wrap(cspec, options.command, join_ct=info.local_size,
