@@ -233,7 +233,7 @@ def _check_container_options(ns: argparse.Namespace, given: set[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A subcommand, a rank that starts from its job's plan (:mod:`.jobplan`: before any
+    """A subcommand, a rank that starts from its job's plan (:mod:`.job.jobplan`: before any
     import that planning needs), or planning."""
     started = time.time()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     job = jobplan.role(args, env, from_environ(env, os.getppid()))
     if job is not None and not job.planner:
-        code = jobplan.run_rank(job, env, started)   # execs, unless an error
+        from .run.execute import run_rank
+        code = run_rank(job, env, started)           # execs, unless an error
         if code is not None:
             return code
         job = None                                   # this rank plans by itself

@@ -10,9 +10,11 @@ job-wide environment and the command - as one JSON file in the job directory
 under the home directory and so shared between the nodes at a site), after removing plans
 older than a day (:func:`prune`). Every other rank waits for that file
 (``HPCAI_PLAN_TIMEOUT`` seconds, default 120), checks its :class:`PlanKey` against itself,
-takes its local rank's entry and execs: no MPI detection, no ``ldconfig``, no library
-scans, and no import beyond this module, :mod:`.rankenv`, :mod:`.execute`, ``json`` and
-``typing`` (``tomllib`` too with a site profile; :mod:`.rankwatch` under Hydra).
+takes its local rank's entry and execs (:func:`hpcai.launcher.run.execute.run_rank`): no MPI
+detection, no ``ldconfig``, no library scans, and no import beyond this module,
+:mod:`.rankenv`, the ``run`` room's :mod:`~hpcai.launcher.run.execute` and
+:mod:`~hpcai.launcher.run.child`, ``json`` and ``typing`` (``tomllib`` too with a site
+profile; :mod:`~hpcai.launcher.run.rankwatch` under Hydra).
 
 A plan for another job, node list, world size, command line or directory, or one whose image,
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
@@ -29,7 +31,7 @@ import os
 import time
 from typing import NamedTuple
 
-from ...core.errors import USAGE_EXIT, UserError
+from ...core.errors import UserError
 from .rankenv import RankInfo, torch_env
 
 SHARED, NODE = "shared", "node"   # the site profile's job_dir_scope values, owned here
@@ -371,40 +373,7 @@ def for_rank(template: RankTemplate, info: RankInfo,
     return tuple(a.replace(NODE_MARK, node) for a in template.argv), out, entry.bind_cpus
 
 
-def run_rank(job: JobRole, env: dict[str, str], started: float) -> int | None:
-    """A non-planning rank: :func:`start`; an error is exit 2, said once per node as
-    planning says it (the planning rank's by local rank 0 of every other node, this rank's
-    own by ``job.loud`` ranks). None: this rank must plan by itself."""
-    try:
-        start(job, env, started)
-        return None
-    except PlannerFailed as failed:
-        if job.loud and job.info.local_rank == 0:
-            os.write(2, (failed.error.render() + "\n").encode())
-        return USAGE_EXIT
-    except UserError as exc:
-        if job.loud:
-            os.write(2, (exc.render() + "\n").encode())
-        return USAGE_EXIT
-
-
-def start(job: JobRole, env: dict[str, str], started: float) -> None:
-    """Wait for the plan, check it, bind and exec. Returns when this rank must plan by
-    itself. Raises PlannerFailed or UserError."""
-    timeout = _timeout(env)
-    data = wait(job.path, started, timeout, job.launch)
-    key = make_key(job, env, os.getcwd(), ())
-    template = check(data, key, job.path)
-    if template is None or len(template.ranks) != job.info.local_size:
-        return
-    argv, rank_env, cpus = for_rank(template, job.info, env)
-    from ..run.execute import exec_rank
-    head = job.argv[:job.argv.index("--")] if "--" in job.argv else job.argv
-    exec_rank(argv, rank_env, template.compat_links, job.info, cpus, (),
-              report_bindings="--report-bindings" in head)
-
-
-def _timeout(env: dict[str, str]) -> float:
+def plan_timeout(env: dict[str, str]) -> float:
     text = env.get("HPCAI_PLAN_TIMEOUT", "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S

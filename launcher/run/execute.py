@@ -4,17 +4,15 @@ launcher would not end the job if it failed: one child that :mod:`.rankwatch` wa
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
 import os
 import signal
-import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from ...core.errors import UserError
+from ...core.errors import USAGE_EXIT, UserError
+from ..job import jobplan
 from ..job.rankenv import abort_fd
+from .child import end_by_signal, exec_command, start_child
 
 if TYPE_CHECKING:
     from ..planning.plan import LaunchPlan
@@ -77,7 +75,7 @@ def exec_plan(plan: LaunchPlan, report_bindings: bool = False) -> int:
     if plan.relay:
         from ..planning.plan import RELAYED_AS_IS
         return run_relaying(plan.argv, plan.env_dict(), dict(plan.relay), RELAYED_AS_IS)
-    _exec(plan.argv, plan.env_dict())
+    exec_command(plan.argv, plan.env_dict())
     return 0  # not reached
 
 
@@ -117,33 +115,6 @@ def run_relaying(argv: tuple[str, ...], plan_env: dict[str, str], relay: dict[st
     return code if code >= 0 else end_by_signal(-code)
 
 
-def start_child(argv: tuple[str, ...], plan_env: dict[str, str], *,
-                dies_by: int = signal.SIGTERM, keep_fds: bool = False) -> subprocess.Popen:
-    """``argv`` with this process's environment and ``plan_env``, in a process group of its
-    own, sent ``dies_by`` when this process dies (PR_SET_PDEATHSIG). ``keep_fds``: it
-    inherits this process's inheritable descriptors (a rank's PMI socket). Raises OSError
-    when it cannot be started."""
-    return subprocess.Popen(argv, env=_with_environ(plan_env), process_group=0,
-                            close_fds=not keep_fds,
-                            preexec_fn=functools.partial(_die_with_parent, dies_by, os.getpid()))
-
-
-def end_by_signal(signum: int) -> int:
-    """End this process by ``signum``, as its child ended; returns ``128 + signum`` only
-    for a signal whose default is not to end the process."""
-    with contextlib.suppress(OSError, ValueError):      # SIGKILL cannot be set
-        signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    return 128 + signum
-
-
-def _with_environ(plan_env: dict[str, str]) -> dict[str, str]:
-    """This process's environment updated with the plan's."""
-    env = dict(os.environ)
-    env.update(plan_env)
-    return env
-
-
 def _foreground_terminal() -> int | None:
     """stdin's descriptor if it is a terminal whose foreground group is this process's."""
     try:
@@ -166,14 +137,6 @@ def _give_terminal(fd: int | None, pgrp: int) -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
-def _die_with_parent(signum: int, parent: int) -> None:
-    """In the child, before exec: ``signum`` when the parent dies (Linux prctl), or at once
-    if ``parent`` already died."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signum)
-
-
 def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str, str], ...],
               info: RankInfo, bind_cpus: tuple[int, ...] | None, warnings: tuple[str, ...],
               report_bindings: bool) -> None:
@@ -191,14 +154,38 @@ def exec_rank(argv: tuple[str, ...], env: dict[str, str], links: tuple[tuple[str
         os.write(sys.stderr.fileno(), (text + "\n").encode())  # one write: no interleaving
     pmi_fd = abort_fd(info, os.environ)
     if pmi_fd is not None:
-        from .rankwatch import run
-        run(argv, env, info, pmi_fd)
-    _exec(argv, env)
+        from .rankwatch import run as watch     # a Hydra rank only
+        watch(argv, env, info, pmi_fd)
+    exec_command(argv, env)
 
 
-def _exec(argv: tuple[str, ...], plan_env: dict[str, str]) -> None:
+def run_rank(job: jobplan.JobRole, env: dict[str, str], started: float) -> int | None:
+    """A non-planning rank: :func:`start`; an error is exit 2, said once per node as
+    planning says it (the planning rank's by local rank 0 of every other node, this rank's
+    own by ``job.loud`` ranks). None: this rank must plan by itself."""
     try:
-        os.execvpe(argv[0], list(argv), _with_environ(plan_env))
-    except OSError as exc:
-        raise UserError(f"cannot start {argv[0]}: {exc.strerror}",
-                        "check that the program exists and is executable") from exc
+        start(job, env, started)
+        return None
+    except jobplan.PlannerFailed as failed:
+        if job.loud and job.info.local_rank == 0:
+            os.write(2, (failed.error.render() + "\n").encode())
+        return USAGE_EXIT
+    except UserError as exc:
+        if job.loud:
+            os.write(2, (exc.render() + "\n").encode())
+        return USAGE_EXIT
+
+
+def start(job: jobplan.JobRole, env: dict[str, str], started: float) -> None:
+    """Wait for the plan, check it, bind and exec. Returns when this rank must plan by
+    itself. Raises PlannerFailed or UserError."""
+    timeout = jobplan.plan_timeout(env)
+    data = jobplan.wait(job.path, started, timeout, job.launch)
+    key = jobplan.make_key(job, env, os.getcwd(), ())
+    template = jobplan.check(data, key, job.path)
+    if template is None or len(template.ranks) != job.info.local_size:
+        return
+    argv, rank_env, cpus = jobplan.for_rank(template, job.info, env)
+    head = job.argv[:job.argv.index("--")] if "--" in job.argv else job.argv
+    exec_rank(argv, rank_env, template.compat_links, job.info, cpus, (),
+              report_bindings="--report-bindings" in head)

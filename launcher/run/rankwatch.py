@@ -34,7 +34,7 @@ import sys
 import time
 from typing import NoReturn
 
-from .execute import end_by_signal, start_child
+from .child import end_by_signal, start_child
 from ..job.rankenv import RankInfo
 
 STOPPED = 75            # EX_TEMPFAIL: stopped on purpose (hpcai-train's EXIT_PREEMPTED)
