@@ -29,10 +29,10 @@ from hpcai.launcher.planning.plan import build_plan
 from hpcai.launcher.job.rankenv import from_environ
 from hpcai.launcher.job.site import SiteProfile
 from hpcai.launcher.node.topology import synthetic
-from hpcai.launcher.mpi import pmi
+from hpcai.launcher.mpi import abi, pmi
 from localcluster import LocalCluster, missing_programs
 
-INTEL_LIB = pmi.PMI_LIBRARIES[0]
+INTEL_LIB = abi.PMI_LIBRARIES[0]
 PROBE = ("python3", "-m", "hpcai.launcher.probe")
 TWO_BY_TWO = ("--nodes", "2", "--ntasks-per-node", "2")
 

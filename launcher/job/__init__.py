@@ -1,1 +1,1 @@
-"""The job around a rank: the site profile, the rank's identity, and the plan file the ranks share."""
+"""The job around a rank: the site profile, who this rank is, and the plan file the ranks share."""

@@ -8,6 +8,9 @@
   the fabric library directories that MPI bundles.
 - :data:`FLAVOURS`: the MPIs that start ranks: launcher names, ``--version`` text, how
   their launcher exports env, lists hosts, binds ranks, and runs as root.
+- :data:`PMI_LIBRARIES`, :data:`PMI_MARKERS`, :data:`PMI_PLUGINS`: Slurm's PMI client
+  library as an MPI loads it, and how a libmpi shows which PMI clients it speaks
+  (:mod:`.pmi`, :mod:`.mpis`).
 - :data:`ROOT_VARS`, :data:`SYSTEM_LIBDIRS`: where MPI installs and system libraries live
   (the multiarch directory is this machine's, :data:`MULTIARCH`).
 
@@ -196,6 +199,33 @@ ROOT_VARS: tuple[RootVar, ...] = (                   # in search order
                            *_INTEL_SUBDIRS)),
     *map(RootVar, ("EBROOTMPICH", "CRAY_MPICH_DIR")),
 )
+
+
+# --- srun's PMI ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PmiLibrary:
+    """Slurm's PMI client library, as one MPI implementation loads it."""
+
+    implementation: str             # Implementation / flavour name: "intel"
+    title: str                      # in messages
+    plugin: str                     # the srun --mpi= plugin it is the client of
+    env_var: str                    # where that MPI reads the library's path
+    sonames: tuple[str, ...]        # Slurm's file names, most specific first
+
+
+PMI_LIBRARIES: tuple[PmiLibrary, ...] = (
+    PmiLibrary("intel", "Intel MPI", "pmi2", "I_MPI_PMI_LIBRARY",
+               ("libpmi2.so.0", "libpmi2.so")),
+)
+
+
+# Strings in a libmpi that show which PMI clients it speaks (the srun --mpi= plugin name).
+PMI_MARKERS: tuple[tuple[bytes, str], ...] = (
+    (b"PMIx_Init", "pmix"), (b"PMI2_Init", "pmi2"), (b"PMI_KVS_Put", "pmi1"))
+# Open MPI 4 speaks PMIx through a plugin of its own: the file shows it.
+PMI_PLUGINS: tuple[tuple[str, str], ...] = (("mca_pmix_ext*.so", "pmix"),
+                                            ("mca_pmix_pmix*.so", "pmix"))
 
 
 # --- launch flavours -----------------------------------------------------------------------

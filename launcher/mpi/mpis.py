@@ -21,13 +21,6 @@ from . import abi, hostmpi
 from .hostmpi import HostMpi
 from ...core.errors import UserError
 
-# Strings in a libmpi that show which PMI clients it speaks (the srun --mpi= plugin name).
-PMI_MARKERS: tuple[tuple[bytes, str], ...] = (
-    (b"PMIx_Init", "pmix"), (b"PMI2_Init", "pmi2"), (b"PMI_KVS_Put", "pmi1"))
-# Open MPI 4 speaks PMIx through a plugin of its own: the file shows it.
-PMI_PLUGINS: tuple[tuple[str, str], ...] = (("mca_pmix_ext*.so", "pmix"),
-                                            ("mca_pmix_pmix*.so", "pmix"))
-
 
 @dataclass(frozen=True)
 class HostInstall:
@@ -80,12 +73,13 @@ def _libs_in(directory: str) -> list[HostMpi]:
 def _pmi_of(lib: HostMpi) -> tuple[str, ...]:
     out: list[str] = []
     with open(lib.libmpi, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        out += [pmi for marker, pmi in PMI_MARKERS if data.find(marker) >= 0 and pmi not in out]
+        out += [pmi for marker, pmi in abi.PMI_MARKERS
+                if data.find(marker) >= 0 and pmi not in out]
     family = abi.FAMILIES[lib.family]
     real_dir = Path(lib.libmpi).parent
     for spec in family.components:
         for sub in spec.dirs:
-            for pattern, pmi in PMI_PLUGINS:
+            for pattern, pmi in abi.PMI_PLUGINS:
                 if pmi not in out and any((real_dir / sub).glob(pattern)):
                     out.append(pmi)
     return tuple(out)

@@ -8,8 +8,8 @@ flavour's plugin from :mod:`.abi`); :func:`check` compares it with what
 the plugin srun really used for a rank (:func:`step_plugin`), before the program runs.
 
 Some MPIs talk to Slurm's PMI through Slurm's own client library, named in their env
-(:data:`PMI_LIBRARIES`: Intel MPI reads ``I_MPI_PMI_LIBRARY``). :func:`client` finds that
-library on the host (:func:`find_library`) and says which env names it, or why none does;
+(:data:`.abi.PMI_LIBRARIES`: Intel MPI reads ``I_MPI_PMI_LIBRARY``). :func:`client` finds
+that library on the host (:func:`find_library`) and says which env names it, or why none does;
 a container gets a staged copy under ``lib/pmi/`` of the host library directory
 (:func:`staged_env`).
 """
@@ -27,23 +27,6 @@ from . import abi, hostmpi
 from ..job.site import SiteProfile
 
 PMI_SUBDIR = "pmi"      # staged as lib/pmi/<soname>, off the library search path
-
-
-@dataclass(frozen=True)
-class PmiLibrary:
-    """Slurm's PMI client library, as one MPI implementation loads it."""
-
-    implementation: str             # abi.Implementation / flavour name: "intel"
-    title: str                      # in messages
-    plugin: str                     # the srun --mpi= plugin it is the client of
-    env_var: str                    # where that MPI reads the library's path
-    sonames: tuple[str, ...]        # Slurm's file names, most specific first
-
-
-PMI_LIBRARIES: tuple[PmiLibrary, ...] = (
-    PmiLibrary("intel", "Intel MPI", "pmi2", "I_MPI_PMI_LIBRARY",
-               ("libpmi2.so.0", "libpmi2.so")),
-)
 
 
 def choose(explicit: str | None, site: SiteProfile | None,
@@ -147,11 +130,11 @@ def step_error(needed: str, used: str, title: str, srun_line: str) -> UserError:
         f"run: {srun_line}")
 
 
-def library_for(implementation: str | None, plugin: str | None) -> PmiLibrary | None:
+def library_for(implementation: str | None, plugin: str | None) -> abi.PmiLibrary | None:
     """The PMI client library ``implementation`` loads under srun's ``plugin``, if any."""
     if implementation is None or plugin is None:
         return None
-    return next((lib for lib in PMI_LIBRARIES if lib.implementation == implementation
+    return next((lib for lib in abi.PMI_LIBRARIES if lib.implementation == implementation
                  and same_plugin(lib.plugin, plugin)), None)
 
 
@@ -189,7 +172,7 @@ def client(implementation: str | None, plugin: str | None, env: dict[str, str],
     return PmiClient(env=((lib.env_var, path),))
 
 
-def find_library(lib: PmiLibrary, env: dict[str, str], site: SiteProfile | None,
+def find_library(lib: abi.PmiLibrary, env: dict[str, str], site: SiteProfile | None,
                  ldconfig_output: str | None = None) -> str | None:
     """The host path of ``lib``: the path its env var names (in ``env``, else the site's
     env), else the first soname in :func:`library_dirs`, else in ``ldconfig -p``; None
@@ -216,7 +199,7 @@ def find_library(lib: PmiLibrary, env: dict[str, str], site: SiteProfile | None,
     return None
 
 
-def not_found(lib: PmiLibrary, env: dict[str, str], site: SiteProfile | None) -> str:
+def not_found(lib: abi.PmiLibrary, env: dict[str, str], site: SiteProfile | None) -> str:
     """The warning when :func:`find_library` finds nothing."""
     return (f"{lib.title} under srun --mpi={lib.plugin} is pointed at Slurm's "
             f"{lib.sonames[-1]} ({lib.env_var}), and this host has none (looked in "
@@ -231,7 +214,7 @@ def staged_env(lib_dir: str, staged_names: list[tuple[str, str]]) -> dict[str, s
     for subdir, name in staged_names:
         if subdir != PMI_SUBDIR:
             continue
-        for lib in PMI_LIBRARIES:
+        for lib in abi.PMI_LIBRARIES:
             if name in lib.sonames:
                 return {lib.env_var: f"{lib_dir.rstrip('/')}/{PMI_SUBDIR}/{name}"}
     return {}
