@@ -102,42 +102,33 @@ def make_parser() -> Parser:
     import argparse
 
     from ..core.cli import Parser
-    from .planning.options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
+    from .planning.options import ENV_DEFAULTS, LAUNCHERS, add_arguments
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
-    place.add_argument("--ranks-per-node", "-N", type=int,
-                       help="MPI ranks per node (default 1, or what the launcher started)")
+    add_arguments(place, "ranks_per_node")
     place.add_argument("--ranks-per-numa", type=int, help="ranks per NUMA domain")
-    place.add_argument("--threads-per-rank", "-t", type=int,
-                       help="threads per rank (default: cores of the rank's share)")
+    add_arguments(place, "threads_per_rank")
     place.add_argument("--hyperthreads", action="store_true",
                        help="use all hardware threads of each core")
-    place.add_argument("--oversubscribe", action="store_true",
-                       help="allow more ranks x threads than cores")
+    add_arguments(place, "oversubscribe")
     place.add_argument("--topology", default=None,
                        help="hwloc XML file or synthetic text ('pack:2 numa:2 core:12') "
                             "instead of this machine's sysfs")
     launch = p.add_argument_group("launcher")
     launch.add_argument("--launcher", choices=LAUNCHERS, help="default auto")
-    launch.add_argument("--mpi", help=f"MPI: a flavour ({', '.join(MPI_CHOICES)}), an install "
-                        "by family@version (openmpi@5, mpich@4) or its path; see "
-                        "`hpcai-launch mpis`")
+    add_arguments(launch, "mpi")
     launch.add_argument("--mpirun", help="path of the MPI launcher (mpirun/mpiexec) to use")
     launch.add_argument("--hosts", help="hosts for mpirun: h1,h2 or h1:4,h2:4")
     launch.add_argument("--nodes", type=int, help="nodes for srun (default: the allocation)")
     cont = p.add_argument_group("containers")
-    cont.add_argument("--container",
-                      help="image: Charliecloud directory/SquashFS or Singularity SIF/sandbox")
-    cont.add_argument("--runtime", choices=RUNTIMES, help="default charliecloud")
+    add_arguments(cont, "container", "runtime")
     cont.add_argument("--bind-host-mpi", dest="bind_host_mpi", action="store_true",
                       default=None, help="bind the host MPI and fabric libraries read-only "
                       "(default: when a container is used and a host MPI is found)")
     cont.add_argument("--no-bind-host-mpi", dest="bind_host_mpi", action="store_false")
     cont.add_argument("--host-libs", help=argparse.SUPPRESS)  # staged by the outer launcher
-    cont.add_argument("--site", help="site profile (TOML): extra binds, env, libraries")
-    cont.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
-                      help="extra bind into the container (repeatable)")
+    add_arguments(cont, "site", "binds")
     out = p.add_argument_group("output")
     out.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     out.add_argument("--json", action="store_true", help="with --dry-run: print JSON")

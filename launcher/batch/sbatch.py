@@ -30,13 +30,13 @@ from ...core.cli import Parser, split_command
 from ...core.errors import UserError
 from ..node.placement import check_fits
 from ...training.config import check_command, train_arguments
-from ..planning.options import Options
+from ..container.containers import DEFAULT_RUNTIME, NO_RUNTIME
+from ..planning.options import Options, add_arguments
 from ..job.site import SiteProfile
 from ..mpi import pmi
 from ...slurm.srun import SrunStep, srun_argv
 
 DEFAULT_SIGNAL = "USR1@120"
-DEFAULT_RUNTIME = "charliecloud"
 # Slurm's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 # Slurm's --signal: [{R|B}:]SIG[@SECONDS]; the training engine stops cleanly on these
@@ -60,7 +60,7 @@ class JobSpec:
     signal: str = DEFAULT_SIGNAL
     mpi: str = "auto"
     container: str | None = None
-    runtime: str = "charliecloud"
+    runtime: str = DEFAULT_RUNTIME
     site: SiteProfile | None = None
     site_path: str | None = None
     binds: tuple[str, ...] = ()
@@ -192,22 +192,17 @@ def submit(script: Path, sbatch: str | None = None) -> str:
 
 
 def add_job_options(p: argparse.ArgumentParser) -> None:
+    """The job's options: Slurm's own, then the launch options it shares with hpcai-launch
+    (declared by :data:`..planning.options.ARGUMENTS`; :func:`check_job_args` fills in
+    their defaults)."""
     p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--ranks-per-node", "-N", type=int, default=1)
-    p.add_argument("--threads-per-rank", "-t", type=int)
+    add_arguments(p, "ranks_per_node", "threads_per_rank")
     p.add_argument("--time", default="01:00:00")
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--job-name", default="hpcai")
     p.add_argument("--signal", default=DEFAULT_SIGNAL)
-    p.add_argument("--mpi", default="auto")
-    p.add_argument("--container")
-    p.add_argument("--runtime", choices=("charliecloud", "singularity"),
-                   help=f"with --container (default {DEFAULT_RUNTIME})")
-    p.add_argument("--site")
-    p.add_argument("--bind", action="append", default=[], help="with --container")
-    p.add_argument("--oversubscribe", action="store_true",
-                   help="let the per-rank hpcai-launch share cores (test clusters)")
+    add_arguments(p, "mpi", "container", "runtime", "site", "binds", "oversubscribe")
     p.add_argument("--setup", action="append", default=[],
                    help="shell line to run before srun (e.g. 'source env.sh'); repeatable")
 
@@ -236,7 +231,7 @@ def check_job_args(ns: argparse.Namespace, command: list[str]) -> None:
     """What :func:`add_job_options` parsed, checked before anything is written or submitted:
     container options without a container, a malformed ``--time`` or ``--signal``, a signal
     the training engine would not stop on, a ``train`` command with a usage error. Fills in
-    ``ns.runtime``."""
+    ``ns.runtime`` and ``ns.mpi``."""
     if ns.container is None:
         hint = "give --container IMG, or leave the option out"
         if ns.bind:
@@ -245,7 +240,12 @@ def check_job_args(ns: argparse.Namespace, command: list[str]) -> None:
         if ns.runtime is not None:
             raise UserError(f"--runtime {ns.runtime} without --container: there is no image "
                             "to run", hint)
+    if ns.runtime == NO_RUNTIME:
+        raise UserError(f"--runtime {NO_RUNTIME} with --container {ns.container}: the job's "
+                        "ranks would ignore the image", "leave out --runtime, or --container "
+                        "for a job without a container")
     ns.runtime = ns.runtime or DEFAULT_RUNTIME
+    ns.mpi = ns.mpi or Options.mpi
     time_limit(ns.time)
     match = _SIGNAL.fullmatch(ns.signal)
     if not match:
@@ -303,6 +303,8 @@ def main(argv: list[str]) -> int:
                         f"{'--script' if ns.script else '--submit'}",
                         "leave out --dry-run to write or submit, or the other option to print")
     check_job_args(ns, command)
+    if ns.ranks_per_node is None:
+        ns.ranks_per_node = 1
     spec = spec_from_args(ns, command, output=ns.output)
     text = render(spec)
     if ns.submit and not shutil.which("sbatch"):

@@ -98,12 +98,16 @@ RUNTIMES = {r.name: r for r in (
 )}
 
 
+DEFAULT_RUNTIME = "charliecloud"
+NO_RUNTIME = "none"     # --runtime none: run bare, even with an image named
+
+
 def get_runtime(name: str) -> Runtime:
     try:
         return RUNTIMES[name]
     except KeyError:
         raise UserError(f"unknown container runtime {name!r}",
-                        f"use one of: {', '.join(RUNTIMES)}, or none") from None
+                        f"use one of: {', '.join(RUNTIMES)}, or {NO_RUNTIME}") from None
 
 
 def find_binary(runtime: Runtime, path: str | None) -> str:

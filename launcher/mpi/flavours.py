@@ -15,12 +15,11 @@ from pathlib import Path
 
 from ...core.errors import UserError
 from .abi import FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, Flavour
-from ..node.placement import Placement
 
 # The records come from .abi; callers reach them here beside the functions that find them.
 __all__ = ["FLAVOURS", "INTEL", "MPICH", "OPENMPI", "Flavour", "MpiInstall",
            "classify_version_text", "detect", "find_launcher", "find_libdir", "get", "locate",
-           "resolve", "srun_binding"]
+           "resolve"]
 
 
 def get(name: str) -> Flavour:
@@ -128,11 +127,3 @@ def locate(flavour: Flavour, launcher: str | None, env: dict[str, str]) -> MpiIn
     binary = launcher or find_launcher(flavour, env) or ""
     libdir = find_libdir(flavour, binary) if binary else None
     return MpiInstall(flavour, binary, "unknown", libdir, f"--mpi {flavour.name}")
-
-
-# --- binding under srun (the same for every flavour) ---------------------------------
-
-def srun_binding(p: Placement) -> list[str]:
-    if p.oversubscribed:
-        return ["--cpu-bind=none", "--overcommit"]
-    return ["--cpu-bind=mask_cpu:" + ",".join(s.mask for s in p.slots)]

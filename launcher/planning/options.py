@@ -13,10 +13,11 @@ from dataclasses import dataclass, fields, replace
 from typing import Iterator, Mapping
 
 from ...core.errors import UserError
+from ..container.containers import DEFAULT_RUNTIME, NO_RUNTIME, RUNTIMES as RUNTIME_RECORDS
 from ..mpi.abi import FLAVOURS
 
 LAUNCHERS = ("auto", "mpirun", "srun")
-RUNTIMES = ("charliecloud", "singularity", "none")
+RUNTIMES = (*RUNTIME_RECORDS, NO_RUNTIME)
 MPI_CHOICES = ("auto", *FLAVOURS)
 
 
@@ -39,7 +40,7 @@ class Options:
     report_bindings: bool = False
     verbose: bool = False
     container: str | None = None
-    runtime: str = "charliecloud"
+    runtime: str = DEFAULT_RUNTIME
     bind_host_mpi: bool | None = None     # None: when a host MPI is found
     host_libs: str | None = None          # staged by the outer launcher
     site: str | None = None
@@ -58,7 +59,7 @@ class Options:
         bare run of options that name a container (``--runtime none`` over
         ``HPCAI_CONTAINER``) passes ``--runtime none`` on: the ranks inherit the variable."""
         in_container = container is not None
-        bare = "none" if self.container is not None else _DEFAULTS["runtime"]
+        bare = NO_RUNTIME if self.container is not None else _DEFAULTS["runtime"]
         return replace(self, ranks_per_node=ranks_per_node, ranks_per_numa=None,
                        launcher="auto", mpirun=None, hosts=None, nodes=None,
                        container=container,
@@ -81,6 +82,36 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("binds", "--bind"),
 )
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.name != "command"}
+
+# Field -> how a command line declares it (flags and argparse keywords), for the options that
+# hpcai-launch and its ``sbatch`` and ``sweep`` share. Each parses to None when not given:
+# the caller fills in :class:`Options`' default (``hpcai-launch``: or its ``HPCAI_*``
+# variable, :func:`env_defaults`).
+ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "ranks_per_node": (("--ranks-per-node", "-N"), dict(
+        type=int, help="MPI ranks per node (default 1, or what the launcher started)")),
+    "threads_per_rank": (("--threads-per-rank", "-t"), dict(
+        type=int, help="threads per rank (default: cores of the rank's share)")),
+    "oversubscribe": (("--oversubscribe",), dict(
+        action="store_true", help="allow more ranks x threads than cores")),
+    "mpi": (("--mpi",), dict(
+        help=f"MPI: a flavour ({', '.join(MPI_CHOICES)}), an install by family@version "
+             "(openmpi@5, mpich@4) or its path; see `hpcai-launch mpis`")),
+    "container": (("--container",), dict(
+        help="image: Charliecloud directory/SquashFS or Singularity SIF/sandbox")),
+    "runtime": (("--runtime",), dict(choices=RUNTIMES, help=f"default {DEFAULT_RUNTIME}")),
+    "site": (("--site",), dict(help="site profile (TOML): extra binds, env, libraries")),
+    "binds": (("--bind",), dict(action="append", default=[], metavar="SRC[:DST[:ro]]",
+                                help="extra bind into the container (repeatable)")),
+}
+
+
+def add_arguments(parser, *names: str) -> None:
+    """Declare the options ``names`` (fields of :data:`ARGUMENTS`) on an argparse parser or
+    argument group."""
+    for name in names:
+        flags, keywords = ARGUMENTS[name]
+        parser.add_argument(*flags, **keywords)
 
 
 def _option_args(options: Options) -> Iterator[str]:
