@@ -144,7 +144,7 @@ def test_added_flavour_is_detected_and_located(toy):
 
 def test_added_flavour_plans_with_its_own_spellings(toy):
     (toy / "lib" / "libtoy.so.3").write_bytes(b"")
-    mpi = MpiInstall(TOY, str(toy / "bin" / "toyrun"), "3.1", str(toy / "lib"), "test")
+    mpi = flavours.locate(TOY, str(toy / "bin" / "toyrun"), {"PATH": ""})
     plan = build_plan(Options(command=("true",), ranks_per_node=2), _facts(mpi, uid=0))
     argv = list(plan.argv)
     assert argv[:6] == [str(toy / "bin" / "toyrun"), "-n", "2", "--host", "node001:2",

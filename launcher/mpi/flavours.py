@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import UserError
-from .abi import FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, Flavour
+from .abi import (
+    FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, CompatLink, Flavour)
 
 # The records come from .abi; callers reach them here beside the functions that find them.
 __all__ = ["FLAVOURS", "INTEL", "MPICH", "OPENMPI", "Flavour", "MpiInstall",
@@ -48,6 +49,7 @@ class MpiInstall:
     version: str
     libdir: str | None
     how: str
+    missing_compat: tuple[CompatLink, ...] = ()   # the family's links libdir lacks
 
     def to_dict(self) -> dict:
         return {"flavour": self.flavour.name, "launcher": self.launcher,
@@ -119,11 +121,22 @@ def resolve(requested: str, launcher: str | None, env: dict[str, str]) -> MpiIns
     flavour = wanted or detected
     how = (f"{binary} --version says {detected.title} {version}" +
            ("" if wanted is None else f"; --mpi {wanted.name}"))
-    return MpiInstall(flavour, binary, version, find_libdir(flavour, binary), how)
+    libdir = find_libdir(flavour, binary)
+    return MpiInstall(flavour, binary, version, libdir, how, missing_compat(flavour, libdir))
 
 
 def locate(flavour: Flavour, launcher: str | None, env: dict[str, str]) -> MpiInstall:
     """Where a flavour named by the user lives, without running anything (per-rank use)."""
     binary = launcher or find_launcher(flavour, env) or ""
     libdir = find_libdir(flavour, binary) if binary else None
-    return MpiInstall(flavour, binary, "unknown", libdir, f"--mpi {flavour.name}")
+    return MpiInstall(flavour, binary, "unknown", libdir, f"--mpi {flavour.name}",
+                      missing_compat(flavour, libdir))
+
+
+def missing_compat(flavour: Flavour, libdir: str | None) -> tuple[CompatLink, ...]:
+    """The family's compat links that ``libdir`` lacks while it has their target (Debian's
+    MPICH: ``libmpich.so.12`` but no ``libmpi.so.12``); the plan makes them."""
+    if not libdir:
+        return ()
+    return tuple(c for c in flavour.abi.compat if not (Path(libdir) / c.name).exists()
+                 and (Path(libdir) / c.target).exists())

@@ -243,7 +243,8 @@ def wrapper_argv(options: Options, ranks_per_node: int,
 
 def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str], cache_dir: str
                     ) -> tuple[dict[str, str], tuple[tuple[str, str], ...], list[str]]:
-    """Env (and compat links) so that ranks, mpi4py included, load the chosen libmpi."""
+    """Env (and compat links) so that ranks, mpi4py included, load the chosen libmpi (pure:
+    the links the library directory lacks are a fact, :attr:`.MpiInstall.missing_compat`)."""
     if mpi is None:
         return {}, (), []
     family = mpi.flavour.abi
@@ -251,9 +252,7 @@ def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str], cache_dir: str
     links: tuple[tuple[str, str], ...] = ()
     notes: list[str] = []
     libdirs: list[str] = []
-    libdir = Path(mpi.libdir) if mpi.libdir else None
-    missing = [c for c in family.compat if libdir and not (libdir / c.name).exists()
-               and (libdir / c.target).exists()]
+    missing = mpi.missing_compat     # found by fact gathering (flavours.missing_compat)
     if missing:
         shim = str(Path(cache_dir).expanduser() / "abi" / mpi.flavour.name)
         links = tuple((f"{shim}/{c.name}", f"{mpi.libdir}/{c.target}") for c in missing)
