@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.launcher import flavours
-from hpcai.launcher.flavours import MpiInstall
-from hpcai.launcher.options import Options
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.plan import build_plan
-from hpcai.launcher.topology import synthetic
-from hpcai.slurm.pmi import PmiClient
+from hpcai.launcher.mpi import flavours
+from hpcai.launcher.mpi.flavours import MpiInstall
+from hpcai.launcher.planning.options import Options
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.planning.plan import build_plan
+from hpcai.launcher.node.topology import synthetic
+from hpcai.launcher.mpi.pmi import PmiClient
 
 GOLDEN = Path(__file__).parent / "golden"
 COMMAND = ("python3", "-m", "hpcai.launcher.probe")

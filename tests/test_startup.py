@@ -221,16 +221,18 @@ def test_startup_node_with_another_cpu_count_plans_by_itself(tmp_path, cpus):
     assert result.returncode == 0, result.stderr
     assert "rank 1 1" in result.stdout
     wrapper = _wrapper_imports(result.stderr)
-    assert "hpcai.launcher.jobplan" in wrapper
-    assert ("hpcai.launcher.plan" in wrapper) == (cpus == "other"), sorted(wrapper)
+    assert "hpcai.launcher.job.jobplan" in wrapper
+    assert ("hpcai.launcher.planning.plan" in wrapper) == (cpus == "other"), sorted(wrapper)
     if cpus == "same":     # what a rank that runs from the plan loads of hpcai, and no more
         assert {m for m in wrapper if m.startswith("hpcai")} == RANK_MODULES, sorted(wrapper)
-        assert not wrapper & {"dataclasses", "inspect", "tomllib", "hpcai.launcher.site"}
+        assert not wrapper & {"dataclasses", "inspect", "tomllib", "hpcai.launcher.job.site"}
 
 
 RANK_MODULES = {"hpcai", "hpcai.core", "hpcai.core.errors", "hpcai.launcher",
-                "hpcai.launcher.cli", "hpcai.launcher.jobplan", "hpcai.launcher.rankenv",
-                "hpcai.launcher.execute", "hpcai.slurm", "hpcai.slurm.nodelist"}
+                "hpcai.launcher.cli", "hpcai.launcher.job", "hpcai.launcher.job.jobplan",
+                "hpcai.launcher.job.rankenv", "hpcai.launcher.run", "hpcai.launcher.run.execute",
+                "hpcai.launcher.run.child",
+                "hpcai.slurm", "hpcai.slurm.nodelist"}
 
 
 def _wrapper_imports(stderr: str) -> set[str]:
@@ -261,7 +263,7 @@ def test_startup_site_profile_node_local_job_dir(tmp_path):
                      _rank_env(tmp_path, rank, job, node=rank // 2, **two), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"rank {rank} 1" in result.stdout
-        planned[rank] = "hpcai.launcher.plan" in _wrapper_imports(result.stderr)
+        planned[rank] = "hpcai.launcher.planning.plan" in _wrapper_imports(result.stderr)
     assert planned == {0: True, 1: False, 2: True, 3: False}
     plans = sorted(p.name for p in (tmp_path / "scratch" / "hpcai-jobs").iterdir())
     host = socket.gethostname()
@@ -341,8 +343,9 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
     come from one rule: an empty ``HPCAI_CACHE`` or ``XDG_CACHE_HOME`` counts as unset. The
     expected paths are written out, so a second rule that reads an empty variable as a
     path (as facts did) fails here."""
-    from hpcai.launcher import facts, jobplan
-    from hpcai.launcher.options import Options
+    from hpcai.launcher.planning import facts
+    from hpcai.launcher.job import jobplan
+    from hpcai.launcher.planning.options import Options
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "h")}
     values = {"MINE": str(tmp_path / "mine"), "XDG": str(tmp_path / "xdg")}
     if hpcai_cache is not None:
