@@ -21,8 +21,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import nvdriver
-from .libmpi import _DlInfo, _libc
+from .container import nvdriver
+from .mpi.libmpi import _DlInfo, _libc
 
 CUDA_ERROR_STUB_LIBRARY = 34
 CUDA_ERROR_NO_DEVICE = 100

@@ -1,4 +1,4 @@
-"""The host NVIDIA driver for containers (launcher/nvdriver.py), the CUDA driver probe
+"""The host NVIDIA driver for containers (launcher/container/nvdriver.py), the CUDA driver probe
 (launcher/gpuprobe.py) and the ch-run probe (bench/gpu/container_probe.py), without a GPU.
 
 Real parts: the CUDA runtime trees are PyPI's nvidia-cuda-runtime wheels (CUDA 12.9 and
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from hpcai.core.errors import UserError
-from hpcai.launcher import gpuprobe, nvdriver
+from hpcai.launcher import gpuprobe
+from hpcai.launcher.container import nvdriver
 
 REPO = Path(__file__).resolve().parent.parent
 CUDART = Path(sys.executable).parent.parent / "opt" / "cudart"

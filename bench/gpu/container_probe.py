@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))   # the checkout's parent
-from hpcai.launcher import nvdriver  # noqa: E402
+from hpcai.launcher.container import nvdriver  # noqa: E402
 
 MOUNT = "/opt/hpcai/host"
 

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 
 # The driver's user-space libraries for compute (nvidia-container-cli's "compute" and
 # "utility" capabilities): each ships as lib<name>.so.<driver version>.
