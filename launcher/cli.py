@@ -245,16 +245,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_training_command(options: Options) -> None:
-    """A ``train`` command's arguments, parsed once here before any rank starts: a usage
-    error is said once, not by every rank and then by mpirun's abort banner. A bare
-    ``train`` is checked only if it is hpcai's (someone else's ``train`` is theirs)."""
+    """A ``train`` command checked once here before any rank starts
+    (:func:`hpcai.training.preflight.preflight`): a usage error, and for a bare run its
+    data, output directory and ``--resume`` checkpoint, are said once, not by every rank
+    and then by mpirun's abort banner. In a container the paths are the image's, which
+    the ranks check. A bare ``train`` is checked only if it is hpcai's (someone else's
+    ``train`` is theirs)."""
     import shutil
 
-    from ..training.config import check_command
+    from ..training.preflight import preflight
 
     bare = options.container is None or options.runtime == "none"
     program = shutil.which(options.command[0]) if bare and options.command else None
-    check_command(options.command, program)
+    preflight(options.command, program, inputs=bare)
 
 
 class _Launch:

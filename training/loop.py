@@ -25,8 +25,9 @@ from ..core.cli import say_error
 from ..core.errors import UserError
 
 from . import checkpoint
-from .config import TrainConfig, check_comm, check_device, check_framework, check_output_dir
+from .config import TrainConfig, check_comm, check_device, check_framework
 from .faults import Preemption
+from .preflight import check_inputs
 
 if TYPE_CHECKING:
     from .shower_data import DatasetIndex
@@ -60,29 +61,13 @@ def preflight(cfg: TrainConfig) -> Checked:
         # errors only: TF's graph optimiser logs "remapper failed" as an error for the
         # 3DGAN's LeakyReLU gradients and goes on without that fusion (0 shows everything)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    check_output_dir(cfg.out_dir)
     check_framework(cfg)
     check_comm(cfg.comm, cfg.framework)
     check_device(cfg)
-    index, held_out = _data_index(cfg)
+    index, held_out = check_inputs(cfg)
     resume_from = (checkpoint.load_for_resume(cfg.checkpoint_dir, cfg.framework)
                    if cfg.resume else None)
     return Checked(index, held_out, resume_from)
-
-
-def _data_index(cfg: TrainConfig) -> tuple[DatasetIndex | None, DatasetIndex | None]:
-    """--data: (training files, held-out files); --generate: (None, None), the trainer
-    generates both."""
-    if cfg.model != "3dgan":
-        return None, None
-    from .shower_data import find_files, split_files, validate
-
-    if cfg.data:
-        return split_files(validate(find_files(cfg.data)), cfg.test_files)
-    if cfg.generate_events <= 0:
-        raise UserError("3dgan needs data: --data DIR (Ele*_*.h5 files) or --generate EVENTS",
-                        "e.g. train 3dgan --generate 2000 (synthetic showers into OUT/data)")
-    return None, None
 
 
 def run(cfg: TrainConfig) -> int:

@@ -30,6 +30,7 @@ from ...core.cli import Parser, split_command
 from ...core.errors import UserError
 from ..node.placement import check_fits
 from ...training.config import check_command, train_arguments
+from ...training.preflight import preflight
 from ..container.containers import DEFAULT_RUNTIME, NO_RUNTIME
 from ..planning.options import Options, add_arguments
 from ..job.site import SiteProfile
@@ -97,11 +98,17 @@ def _pmi(spec: JobSpec) -> str | None:
                       flavours.get(spec.mpi).srun_mpi if spec.mpi != "auto" else None)
 
 
-def wrapper_argv(spec: JobSpec) -> list[str]:
-    """The per-rank hpcai-launch and the user's command (with --resume for training)."""
-    command = list(spec.command)
+def job_command(command: tuple[str, ...] | list[str]) -> list[str]:
+    """The command as the job runs it: a ``train`` command with ``--resume``."""
+    command = list(command)
     if train_arguments(command) is not None and "--resume" not in command:
         command.append("--resume")
+    return command
+
+
+def wrapper_argv(spec: JobSpec) -> list[str]:
+    """The per-rank hpcai-launch and the user's command (with --resume for training)."""
+    command = job_command(spec.command)
     options = Options(command=tuple(command), threads_per_rank=spec.threads_per_rank,
                       mpi=spec.mpi, oversubscribe=spec.oversubscribe, runtime=spec.runtime,
                       site=spec.site_path, binds=spec.binds)
@@ -260,6 +267,15 @@ def check_job_args(ns: argparse.Namespace, command: list[str]) -> None:
                             "the batch shell)")
 
 
+def check_job_inputs(ns: argparse.Namespace, command: list[str]) -> None:
+    """A ``train`` command's data, output directory and ``--resume`` checkpoint, as
+    :func:`job_command` runs it (:func:`hpcai.training.preflight.preflight`): after the
+    options, before anything is written or submitted. In a container the paths are the
+    image's, which the ranks check."""
+    if ns.container is None:
+        preflight(job_command(command))
+
+
 def detect_mpi(requested: str, site: SiteProfile | None) -> str:
     """``--mpi auto`` at render time: the MPI whose launcher is on PATH here (its srun PMI
     plugin goes into the script), unless the site profile names the PMI itself."""
@@ -310,6 +326,7 @@ def main(argv: list[str]) -> int:
     if ns.submit and not shutil.which("sbatch"):
         raise UserError("--submit, but sbatch is not on PATH",
                         "load the Slurm module, or leave out --submit and copy the script")
+    check_job_inputs(ns, command)
     if ns.script or ns.submit:
         path = Path(ns.script or f"{spec.job_name}.sbatch")
         path.write_text(text)

@@ -297,7 +297,8 @@ def _cores(ns) -> int:
 
 def check_sweep_args(ns: argparse.Namespace, command: list[str]) -> None:
     """Options this launcher would ignore, and what :func:`.sbatch.check_job_args` checks
-    (the ``train`` command included), before any point is written or started."""
+    (the ``train`` command included), before any point is written or started (its inputs:
+    :func:`.sbatch.check_job_inputs`, once the points are planned)."""
     if ns.launcher == "mpirun":
         given = [name for name, default in SLURM_ONLY.items() if getattr(ns, name) != default]
         if given:
@@ -357,6 +358,7 @@ def main(argv: list[str]) -> int:
             raise UserError("--repeat must be at least 1", "e.g. --repeat 3")
         points = plan_points(nodes, ranks, threads, _cores(ns), ns.repeat, ns.scaling, command,
                              ns.oversubscribe)
+        sb.check_job_inputs(ns, [*command, "--out", str(results)])   # the points' --out
         results.mkdir(parents=True, exist_ok=True)
         if ns.launcher == "slurm":
             ns.threads_per_rank = None   # per point below

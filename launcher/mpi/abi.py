@@ -257,6 +257,10 @@ class Flavour:
     stop_signal: str = ""             # the signal its launcher passes on to the ranks when
                                       # a job is to stop (checkpoint, exit), where SIGTERM
                                       # is not: hpcai-launch relays SIGTERM as this one
+    keep_env_flags: tuple[str, ...] = ()   # launcher flags that keep the ranks' PATH and
+                                      # LD_LIBRARY_PATH the user's (Open MPI started by its
+                                      # path acts as if given --prefix and puts that
+                                      # install's bin/ and lib/ first: /usr/bin for apt's)
 
     @property
     def family(self) -> str:
@@ -309,7 +313,7 @@ OPENMPI = Flavour(
     binding_args=openmpi_binding, root_flags=("--allow-run-as-root",),
     # mpirun 4.1 and 5.0 end the ranks themselves within about 2 s of a SIGTERM, before a
     # step and its checkpoint can finish; SIGUSR1 they pass on (tests/test_signals.py)
-    stop_signal="SIGUSR1")
+    stop_signal="SIGUSR1", keep_env_flags=("--noprefix",))
 
 MPICH = Flavour(
     name="mpich", title="MPICH", abi=MPICH_FAMILY,

@@ -307,6 +307,7 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
         argv += flavour.root_flags
         notes.append(f"running as root: {flavour.title} needs {' '.join(flavour.root_flags)}")
     argv += flavour.binding_args(placement)
+    argv += flavour.keep_env_flags
     argv += flavour.env_args(env)
     argv += [*facts.self_argv, *wrapper_argv(options, rpn, facts.container)]
     relay = (("SIGTERM", flavour.stop_signal),) if flavour.stop_signal else ()
