@@ -44,6 +44,10 @@ class Options:
     host_libs: str | None = None          # staged by the outer launcher
     site: str | None = None
     binds: tuple[str, ...] = ()
+    gpus: str | None = None               # synthetic GPUs or "none"; None: this machine's
+    gpu_visible: str | None = None        # "per-rank" or "all"; None: the site's, else
+                                          # per-rank
+    share_gpus: bool = False
 
     def to_argv(self) -> list[str]:
         """``[options...] -- CMD...``: every option that differs from its default, in a
@@ -78,7 +82,8 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("launcher", "--launcher"), ("mpirun", "--mpirun"), ("hosts", "--hosts"),
     ("nodes", "--nodes"), ("container", "--container"), ("runtime", "--runtime"),
     ("host_libs", "--host-libs"), ("bind_host_mpi", "--bind-host-mpi"), ("site", "--site"),
-    ("binds", "--bind"),
+    ("binds", "--bind"), ("gpus", "--gpus"), ("gpu_visible", "--gpu-visible"),
+    ("share_gpus", "--share-gpus"),
 )
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.name != "command"}
 
