@@ -107,7 +107,8 @@ def make_parser() -> Parser:
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
     place.add_argument("--ranks-per-node", "-N", type=int,
-                       help="MPI ranks per node (default 1, or what the launcher started)")
+                       help="MPI ranks per node (default: one per GPU where the node has "
+                            "GPUs, else 1; or what the launcher started)")
     place.add_argument("--ranks-per-numa", type=int, help="ranks per NUMA domain")
     place.add_argument("--threads-per-rank", "-t", type=int,
                        help="threads per rank (default: cores of the rank's share)")
