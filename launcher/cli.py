@@ -115,6 +115,17 @@ def make_parser() -> Parser:
     place.add_argument("--topology", default=None,
                        help="hwloc XML file or synthetic text ('pack:2 numa:2 core:12') "
                             "instead of this machine's sysfs")
+    gpu = p.add_argument_group("GPUs")
+    gpu.add_argument("--gpus", metavar="SPEC",
+                     help="GPUs of the node to plan for instead of this machine's: "
+                          "'gpu:4 numa:0,0,1,1 nic:mlx5_0@0+1,mlx5_1@2+3 model:A100', "
+                          "or none (default: this machine's; none with --topology)")
+    gpu.add_argument("--gpu-visible", choices=("per-rank", "all"),
+                     help="per-rank: CUDA_VISIBLE_DEVICES lists the rank's GPUs; all: every "
+                          "GPU visible, HPCAI_LOCAL_DEVICE names the rank's (default: the "
+                          "site profile's gpu_visible, else per-rank)")
+    gpu.add_argument("--share-gpus", action="store_true",
+                     help="let more ranks than GPUs share them evenly")
     launch = p.add_argument_group("launcher")
     launch.add_argument("--launcher", choices=LAUNCHERS, help="default auto")
     add_arguments(launch, "mpi")
@@ -167,7 +178,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                       report_bindings=ns.report_bindings, verbose=ns.verbose,
                       container=ns.container, runtime=ns.runtime,
                       bind_host_mpi=ns.bind_host_mpi, host_libs=ns.host_libs, site=ns.site,
-                      binds=tuple(ns.bind))
+                      binds=tuple(ns.bind), gpus=ns.gpus, gpu_visible=ns.gpu_visible,
+                      share_gpus=ns.share_gpus)
     return options, ns
 
 

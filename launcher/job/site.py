@@ -79,6 +79,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "metadata_ops_per_s": ("int", "metadata_ops_per_s = 20000"),
     "job_dir": ("abspath", 'job_dir = "/tmp/hpcai-jobs-$USER"'),
     "job_dir_scope": ("scope", 'job_dir_scope = "node"'),
+    "gpu_visible": ("gpu_visible", 'gpu_visible = "all"'),
 }
 TOPOLOGIES = ("fat-tree", "shared-host")
 
@@ -113,6 +114,7 @@ class SiteProfile:
     job_dir: str | None = None         # plan-once's job directory (:mod:`.jobplan` reads it)
     job_dir_scope: str = SHARED
     path: str | None = None            # the file it was loaded from
+    gpu_visible: str | None = None     # "per-rank" or "all" (:mod:`.gpuplace`)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SiteProfile":
@@ -173,7 +175,7 @@ class SiteProfile:
                 "memory_per_node_gb": self.memory_per_node_gb,
                 "network": None if self.network is None else asdict(self.network),
                 "metadata_ops_per_s": self.metadata_ops_per_s, "job_dir": self.job_dir,
-                "job_dir_scope": self.job_dir_scope}
+                "job_dir_scope": self.job_dir_scope, "gpu_visible": self.gpu_visible}
 
 
 def _type_name(value: object) -> str:
@@ -219,6 +221,10 @@ def _check(key: str, value: object, path: str):
     if kind == "abspath":
         if not isinstance(value, str) or not os.path.expandvars(value).startswith("/"):
             raise wrong("an absolute path (a string; $VARS are expanded)")
+        return value
+    if kind == "gpu_visible":
+        if value not in ("per-rank", "all"):
+            raise wrong("'per-rank' or 'all'")
         return value
     if kind == "scope":
         if value not in JOB_DIR_SCOPES:

@@ -19,6 +19,7 @@ from ..mpi import flavours
 from ..job import jobplan, rankenv
 from ..node import topology
 from ..mpi.flavours import MpiInstall
+from ..node.gpus import GpuSet, load as load_gpus
 from .options import Options
 from ..job.rankenv import RankInfo, in_slurm_step
 from ..job.site import SiteProfile
@@ -49,6 +50,7 @@ class Facts:
     site: SiteProfile | None = None
     srun_kills_on_bad_exit: bool | None = None   # rank 0 of an srun step; None: cannot tell
     pmi: pmi.PmiClient = pmi.PmiClient()         # PMI client library of a bare job
+    gpus: GpuSet | None = None                   # None: not read (a plan without GPUs)
 
 
 def choose_mode(options: Options, env: dict[str, str],
@@ -117,7 +119,9 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
                  rank=info, container=container, cwd=os.getcwd(), site=site,
                  srun_kills_on_bad_exit=kills,
                  pmi=_pmi_client(mode, info, mpi, env) if container is None
-                 else pmi.PmiClient())
+                 else pmi.PmiClient(),
+                 gpus=load_gpus(options.gpus, planning_other_machine=bool(
+                     options.topology or env.get("HPCAI_TOPOLOGY"))))
 
 
 def _topology(options: Options, env: dict[str, str], in_rank: bool, hostname: str

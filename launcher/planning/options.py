@@ -45,6 +45,10 @@ class Options:
     host_libs: str | None = None          # staged by the outer launcher
     site: str | None = None
     binds: tuple[str, ...] = ()
+    gpus: str | None = None               # synthetic GPUs or "none"; None: this machine's
+    gpu_visible: str | None = None        # "per-rank" or "all"; None: the site's, else
+                                          # per-rank
+    share_gpus: bool = False
 
     def to_argv(self) -> list[str]:
         """``[options...] -- CMD...``: every option that differs from its default, in a
@@ -79,7 +83,8 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("launcher", "--launcher"), ("mpirun", "--mpirun"), ("hosts", "--hosts"),
     ("nodes", "--nodes"), ("container", "--container"), ("runtime", "--runtime"),
     ("host_libs", "--host-libs"), ("bind_host_mpi", "--bind-host-mpi"), ("site", "--site"),
-    ("binds", "--bind"),
+    ("binds", "--bind"), ("gpus", "--gpus"), ("gpu_visible", "--gpu-visible"),
+    ("share_gpus", "--share-gpus"),
 )
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.name != "command"}
 
@@ -89,7 +94,8 @@ _DEFAULTS = {f.name: f.default for f in fields(Options) if f.name != "command"}
 # variable, :func:`env_defaults`).
 ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "ranks_per_node": (("--ranks-per-node", "-N"), dict(
-        type=int, help="MPI ranks per node (default 1, or what the launcher started)")),
+        type=int, help="MPI ranks per node (default: one per GPU where the node has GPUs, "
+                       "else 1; or what the launcher started)")),
     "threads_per_rank": (("--threads-per-rank", "-t"), dict(
         type=int, help="threads per rank (default: cores of the rank's share)")),
     "oversubscribe": (("--oversubscribe",), dict(

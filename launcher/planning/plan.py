@@ -11,7 +11,7 @@ In the last two the ranks run ``hpcai-launch`` again, which then plans in ``rank
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,8 @@ from ..container.containers import HOST_MOUNT, get_runtime
 from .facts import Facts, choose_mode
 from ..mpi.flavours import MpiInstall
 from ..node.hosts import parse_hosts
+from . import gpuplan
+from ..node.gpuplace import GpuPlacement
 from .options import Options
 from ..node.placement import Placement, plan_placement, thread_env
 from ..job.rankenv import RankInfo
@@ -68,6 +70,7 @@ class LaunchPlan:
     relay: tuple[tuple[str, str], ...] = ()  # (signal to hpcai-launch, signal it sends the
                                              # launcher instead), the first time it comes;
                                              # non-empty: the launcher runs as a child
+    gpus: GpuPlacement | None = None       # None: no GPUs (:mod:`.gpuplan`)
 
     def relay_text(self) -> str:
         """What happens to a signal sent to hpcai-launch, for the printed plan."""
@@ -107,6 +110,7 @@ class LaunchPlan:
             "notes": list(self.notes),
             "warnings": list(self.warnings),
             "relay": dict(self.relay),
+            "gpus": self.gpus.to_dict() if self.gpus else None,
         }
         return data
 
@@ -116,6 +120,8 @@ class LaunchPlan:
     def render(self) -> str:
         """Readable form for ``--dry-run``."""
         lines = [f"mode:      {self.mode} ({self.reason})", f"topology:  {self.topology}"]
+        if self.gpus:
+            lines.append(f"gpus:      {self.gpus.source}; {_gpu_how(self.gpus)}")
         if self.mpi:
             lines.append(f"mpi:       {self.mpi.flavour.title} {self.mpi.version} "
                          f"[{self.mpi.how}]")
@@ -125,10 +131,11 @@ class LaunchPlan:
                      + (", OVERSUBSCRIBED" if p.oversubscribed else ""))
         for r in self.ranks:
             lines.append(f"  local rank {r.local_rank}: NUMA {','.join(map(str, r.numa))} "
-                         f"cpus {r.cpus} threads {r.threads}")
+                         f"cpus {r.cpus} threads {r.threads}"
+                         + (_gpu_text(self.gpus, r.local_rank) if self.gpus else ""))
         if self.ranks:
             lines.append("rank env:  " + " ".join(f"{k}={v}" for k, v in self.ranks[0].env
-                                                  if k != "HPCAI_CPUS"))
+                                                  if k not in _PER_RANK))
         if self.env:
             lines.append("env:")
             lines.extend(f"  {k}={v}" for k, v in self.env)
@@ -159,6 +166,23 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
+_PER_RANK = ("HPCAI_CPUS", "CUDA_VISIBLE_DEVICES", "HPCAI_LOCAL_DEVICE")
+
+
+def _gpu_how(gpus: GpuPlacement) -> str:
+    if gpus.visible == "slurm":
+        return "srun binds them (GRES), HPCAI_LOCAL_DEVICE=0"
+    if gpus.visible == "all":
+        return "all visible, HPCAI_LOCAL_DEVICE per rank (CUDA_DEVICE_ORDER=PCI_BUS_ID)"
+    return "CUDA_VISIBLE_DEVICES per rank (CUDA_DEVICE_ORDER=PCI_BUS_ID), HPCAI_LOCAL_DEVICE=0"
+
+
+def _gpu_text(gpus: GpuPlacement, local_rank: int) -> str:
+    slot = gpus.slots[local_rank]
+    which = ",".join(map(str, slot.gpus)) or "by Slurm"
+    return f" gpu {which} nics {','.join(slot.nics) or '-'} ({slot.why})"
+
+
 def _quote(arg: str) -> str:
     """Display-only quoting (argv is never run through a shell)."""
     import shlex
@@ -187,11 +211,19 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
                         "check the spelling and PATH, or give an absolute path")
     if mode == "rank":
         return _rank_plan(options, facts, reason)
-    placement = _placement(options, facts.topology, options.ranks_per_node)
-    ranks = tuple(_rank_plan_entry(placement, i) for i in range(placement.ranks_per_node))
+    rpn, gpu_notes = gpuplan.ranks_per_node(options, facts)
+    placement = _placement(options, facts.topology, rpn)
+    gpus = gpuplan.gpu_placement(options, facts, placement, mode)
+    ranks = tuple(_rank_plan_entry(placement, i, gpus)
+                  for i in range(placement.ranks_per_node))
     if mode == "srun":
-        return _srun_plan(options, facts, placement, ranks, reason)
-    return _mpirun_plan(options, facts, placement, ranks, reason)
+        plan = _srun_plan(options, facts, placement, ranks, reason, gpus)
+    else:
+        plan = _mpirun_plan(options, facts, placement, ranks, reason)
+    if gpus is None:
+        return plan
+    return replace(plan, gpus=gpus, notes=(*gpu_notes, *plan.notes),
+                   warnings=(*plan.warnings, *gpuplan.warnings(gpus, facts)))
 
 
 def check_mode_options(options: Options, env: dict[str, str], mode: str) -> None:
@@ -225,9 +257,12 @@ def _placement(options: Options, topology: Topology, ranks_per_node: int | None)
                           oversubscribe=options.oversubscribe)
 
 
-def _rank_plan_entry(placement: Placement, local_rank: int) -> RankPlan:
+def _rank_plan_entry(placement: Placement, local_rank: int,
+                     gpus: GpuPlacement | None = None) -> RankPlan:
     slot = placement.slot(local_rank)
     env = thread_env(slot, placement.hyperthreads)
+    if gpus is not None:
+        env.update(gpus.env(local_rank))
     return RankPlan(local_rank=local_rank, numa=slot.numa, cpus=slot.cpulist,
                     threads=slot.threads, env=tuple(env.items()))
 
@@ -319,18 +354,23 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
 
 def srun_line(options: Options, pmi: str | None, placement: Placement, topology: Topology,
               nodes: int | None, self_argv: tuple[str, ...],
-              container: ContainerFacts | None = None) -> list[str]:
-    """The srun line that starts this placement (also quoted in mismatch errors)."""
+              container: ContainerFacts | None = None,
+              gpus: GpuPlacement | None = None) -> list[str]:
+    """The srun line that starts this placement (also quoted in mismatch errors); with
+    Slurm's GPU options where Slurm binds the GPUs."""
+    by_slurm = gpus is not None and gpus.visible == "slurm"
     step = SrunStep(ranks_per_node=placement.ranks_per_node,
                     cores_per_rank=min(placement.cores_per_rank, len(topology.cores)),
                     threads_per_core=topology.threads_per_core, nodes=nodes, pmi=pmi,
-                    oversubscribed=placement.oversubscribed)
+                    oversubscribed=placement.oversubscribed,
+                    gpus_per_task=gpus.gpus_per_rank if by_slurm else None)
     return srun_argv(step, [*self_argv,
                             *wrapper_argv(options, placement.ranks_per_node, container)])
 
 
 def _srun_plan(options: Options, facts: Facts, placement: Placement,
-               ranks: tuple[RankPlan, ...], reason: str) -> LaunchPlan:
+               ranks: tuple[RankPlan, ...], reason: str,
+               gpus: GpuPlacement | None = None) -> LaunchPlan:
     nodes = options.nodes or _int_or_none(facts.env.get("SLURM_JOB_NUM_NODES")
                                           or facts.env.get("SLURM_NNODES"))
     env, links, notes = _global_env(options, facts, "", placement)
@@ -345,7 +385,7 @@ def _srun_plan(options: Options, facts: Facts, placement: Placement,
     site = facts.container.site if facts.container else facts.site
     pmi_name = pmi.choose(None, site, flavour.srun_mpi if flavour else None)
     argv = srun_line(options, pmi_name, placement, facts.topology, nodes, facts.self_argv,
-                     container=facts.container)
+                     container=facts.container, gpus=gpus)
     return LaunchPlan(mode="srun", reason=reason, argv=tuple(argv), env=tuple(env.items()),
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=facts.mpi, compat_links=links, notes=tuple(notes),
@@ -361,8 +401,10 @@ def _rank_plan(options: Options, facts: Facts, reason: str) -> LaunchPlan:
     assert info is not None
     placement, template, notes, warnings = _rank_parts(options, facts)
     argv, env, bind_cpus = jobplan.for_rank(template, info, facts.env)
+    gpus = gpuplan.gpu_placement(options, facts, placement, "rank")
     return LaunchPlan(mode="rank", reason=reason, argv=argv, env=tuple(env.items()),
-                      placement=placement, ranks=(_rank_plan_entry(placement, info.local_rank),),
+                      placement=placement,
+                      ranks=(_rank_plan_entry(placement, info.local_rank, gpus),), gpus=gpus,
                       topology=facts.topology.describe(), rank=info, bind_cpus=bind_cpus,
                       mpi=facts.mpi, compat_links=template.compat_links, notes=notes,
                       container=facts.container, warnings=warnings)
@@ -403,7 +445,8 @@ def _rank_parts(options: Options, facts: Facts) -> tuple[
         raise UserError(f"local rank {info.local_rank} outside the {placement.ranks_per_node} "
                         "planned ranks per node", "check the launcher's ranks per node")
     synthetic = facts.topology.source != "sysfs"
-    entries = tuple(jobplan.RankEntry(_rank_plan_entry(placement, i).env,
+    gpus = gpuplan.gpu_placement(options, facts, placement, "rank")
+    entries = tuple(jobplan.RankEntry(_rank_plan_entry(placement, i, gpus).env,
                                       None if synthetic else placement.slot(i).cpus)
                     for i in range(placement.ranks_per_node))
     env: dict[str, str] = {}
@@ -437,6 +480,7 @@ def _rank_parts(options: Options, facts: Facts) -> tuple[
         warnings.append(f"topology {facts.topology.source} is not this machine's: the ranks "
                         "are not bound (--topology and HPCAI_TOPOLOGY are for planning "
                         "other machines with --dry-run)")
+    warnings.extend(gpuplan.warnings(gpus, facts))
     template = jobplan.RankTemplate(ranks=entries, env=tuple(env.items()), argv=argv,
                                     compat_links=links)
     return placement, template, tuple(notes), tuple(warnings)
