@@ -20,6 +20,9 @@ A plan for another job, node list, world size, command line or directory, or one
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
 launch with the same job id (other :data:`LAUNCH_KEYS` values), or written long before this
 rank started (:data:`STALE_S`), is not read: the rank waits for a fresh one.
+A rank of an srun step whose environment has :data:`PLAN_ENV` (set by the job scripts of
+``hpcai-launch sbatch`` after ``hpcai-launch plan-step`` planned the step on the batch host)
+reads that file at once, keyed ``slurm:JOB.batch``, and never plans for the others.
 Where planning would differ on this rank (another number of local ranks or of CPUs on its
 node, other environment variables that planning reads) the rank plans by itself, as before.
 """
