@@ -4,6 +4,7 @@ Usage:
   hpcai-launch [options] -- CMD [ARGS...]
   hpcai-launch validate --container IMG [options]   (site admins: which MPI is loaded?)
   hpcai-launch sbatch [job options] -- train ...     (a Slurm job script; --submit)
+  hpcai-launch plan-step -- srun ... hpcai-launch ... (in a job script: plan the step once)
   hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
   hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
   hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
@@ -50,6 +51,11 @@ def _validate(argv: list[str]) -> int:
     return validate(argv, parse)
 
 
+def _plan_step(argv: list[str]) -> int:
+    from .stepplan import main as plan_step
+    return plan_step(argv, parse)
+
+
 def _sbatch(argv: list[str]) -> int:
     from .batch.sbatch import main as sbatch
     return sbatch(argv)
@@ -91,7 +97,7 @@ def _predict(argv: list[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
+    "validate": _validate, "sbatch": _sbatch, "plan-step": _plan_step, "sweep": _sweep, "report": _report,
     "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi,
     "tune": _tune, "predict": _predict}
 

@@ -53,3 +53,18 @@ def srun_argv(step: SrunStep, program: list[str]) -> list[str]:
         argv += [f"--gpus-per-task={step.gpus_per_task}", "--gpu-bind=closest"]
     argv.append("--kill-on-bad-exit=1")
     return [*argv, *program]
+
+
+def read_srun_argv(argv: list[str] | tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """``srun [options] PROGRAM...`` -> (srun's ``--name[=value]`` options, PROGRAM...); the
+    reverse of :func:`srun_argv` (pure). Short options and an option's value given as the
+    next word are not read: the program would start at that word."""
+    if not argv or argv[0].rsplit("/", 1)[-1] != "srun":
+        raise ValueError("not an srun line")
+    options: dict[str, str] = {}
+    for i, word in enumerate(argv[1:], 1):
+        if not word.startswith("-"):
+            return options, list(argv[i:])
+        name, _, value = word.lstrip("-").partition("=")
+        options[name] = value
+    return options, []

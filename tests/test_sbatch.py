@@ -51,10 +51,14 @@ def test_lrz_script_says_what_the_seed_run_did():
     assert "#SBATCH --nodes=768\n" in text and "#SBATCH --ntasks-per-node=4\n" in text
     # 12 cores per rank x 2 hardware threads (Slurm counts hardware threads as CPUs)
     assert "#SBATCH --cpus-per-task=24\n" in text and "#SBATCH --signal=USR1@120\n" in text
-    srun = text.strip().splitlines()[-1]
-    assert srun.startswith("srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=24")
-    assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in srun
-    assert "--mpi intel" in srun and srun.endswith("--resume")
+    lines = text.strip().splitlines()
+    step, plan, export, run_step = lines[-4:]    # the step is planned once, then run
+    assert step.startswith("step=(srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 "
+                           "--cpus-per-task=24")
+    assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in step
+    assert "--mpi intel" in step and step.endswith("--resume)")
+    assert plan == 'HPCAI_PLAN=$(hpcai-launch plan-step -- "${step[@]}")'
+    assert export == "export HPCAI_PLAN" and run_step == '"${step[@]}"'
     assert "export FI_PROVIDER=psm2" in text
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives == sorted(directives)

@@ -6,7 +6,9 @@ writes it (``--script FILE``) or submits it (``--submit``, prints the job id).
 
 The script asks Slurm for a warning signal before the time limit (``--signal=USR1@120``):
 srun delivers it to every rank, the training engine checkpoints and exits 75, and the same
-script submitted again resumes (``--resume`` is added to ``train`` commands). Ranks are
+script submitted again resumes (``--resume`` is added to ``train`` commands). Before srun,
+``hpcai-launch plan-step`` plans the step once on the batch host (:mod:`..stepplan`) and the
+ranks start from its plan file. Ranks are
 started by ``srun --mpi=<PMI of the MPI> --ntasks-per-node R --cpus-per-task T
 --cpu-bind=cores`` or, where the site profile says so, ``mpiexec -n … -ppn R`` (Open MPI:
 ``--map-by ppr:R:node``); each runs
@@ -70,6 +72,7 @@ class JobSpec:
     oversubscribe: bool = False         # passed to the per-rank hpcai-launch
     extra_directives: tuple[str, ...] = field(default=())
     setup_lines: tuple[str, ...] = field(default=())   # e.g. "source /path/env.sh"
+    plan_first: bool = True             # srun: plan the step once on the batch host
 
 
 def _threads(spec: JobSpec) -> int:
@@ -180,8 +183,22 @@ def render(spec: JobSpec) -> str:
     if spec.site:
         lines += [f"export {key}={shlex.quote(value)}"
                   for key, value in sorted(spec.site.env.items())]
-    lines += ["", shlex.join(launch_argv(spec)), ""]
+    if spec.launcher == "srun" and spec.plan_first:
+        lines += ["", *PLAN_FIRST_LINES.format(step=shlex.join(launch_argv(spec))).split("\n")]
+    else:
+        lines += ["", shlex.join(launch_argv(spec)), ""]
     return "\n".join(lines)
+
+
+# The step's srun line is written once (a bash array); plan-step plans it, and only it.
+PLAN_FIRST_LINES = """\
+# hpcai-launch plans the ranks' step once, here on the batch host; every rank starts
+# from that plan (HPCAI_PLAN). A planning error ends the job here, before srun.
+step=({step})
+HPCAI_PLAN=$(hpcai-launch plan-step -- "${{step[@]}}")
+export HPCAI_PLAN
+"${{step[@]}}"
+"""
 
 
 def submit(script: Path, sbatch: str | None = None) -> str:

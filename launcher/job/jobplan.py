@@ -20,6 +20,9 @@ A plan for another job, node list, world size, command line or directory, or one
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
 launch with the same job id (other :data:`LAUNCH_KEYS` values), or written long before this
 rank started (:data:`STALE_S`), is not read: the rank waits for a fresh one.
+A rank of an srun step whose environment has :data:`PLAN_ENV` (set by the job scripts of
+``hpcai-launch sbatch`` after ``hpcai-launch plan-step`` planned the step on the batch host)
+reads that file at once, keyed ``slurm:JOB.batch``, and never plans for the others.
 Where planning would differ on this rank (another number of local ranks or of CPUs on its
 node, other environment variables that planning reads) the rank plans by itself, as before.
 """
@@ -42,6 +45,8 @@ DEFAULT_TIMEOUT_S = 120.0
 STALE_S = 120.0          # a plan older than this before the rank started is another job's
 KEEP_S = 86400.0         # planners remove plans older than this from the job directory
 NODE_MARK = "\0node\0"   # stands for the node rank in the template's argv (argv has no NUL)
+JOB_MARK = "\0job\0"     # stands for the rank's job key (RankInfo.job_key) there
+PLAN_ENV = "HPCAI_PLAN"  # a plan prepared before the launch (hpcai-launch plan-step)
 # Per launcher (RankInfo.started_by): variables equal on every rank of one launch and new
 # at the next one (srun's contact point; mpirun's URI and PMIx namespace; Hydra's id). A plan
 # of an earlier launch with the same job id (a restarted Slurm counts from 1 again) is stale.
@@ -95,6 +100,7 @@ class JobRole(NamedTuple):
     argv: tuple[str, ...]
     loud: bool          # says this node's errors: its first rank that does not plan
     launch: str         # LAUNCH_KEYS' values: which launch of the job this is
+    prepared: str = ""  # the key of a plan written before the launch (PLAN_ENV), else ""
 
 
 def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole | None:
@@ -105,8 +111,12 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     head = argv[:argv.index("--")] if "--" in argv else argv
     if info is None or any(a in ("--dry-run", "-h", "--help") for a in head):
         return None
+    if env.get(PLAN_ENV) and info.started_by == "slurm":
+        job = env.get("SLURM_JOB_ID", "")
+        return JobRole(info, env[PLAN_ENV], False, tuple(argv), loud=info.local_rank == 0,
+                       launch=prepared_launch(job), prepared=prepared_key(job))
     where, scope = job_dir(env, head)
-    if not _writable(where):
+    if not writable(where):
         return None
     # a node-local identity (plain MPICH's Hydra outside Slurm) or a node-local job dir
     node_scoped = info.job_key.startswith("hydra-ppid:") or scope == NODE
@@ -122,7 +132,24 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
                    loud=info.local_rank == (1 if plans_here else 0), launch=launch)
 
 
-def _writable(path: str) -> bool:
+def prepared_key(job_id: str) -> str:
+    """The job key of the plan that ``hpcai-launch plan-step`` writes in batch job
+    ``job_id`` for the srun step the script starts next."""
+    return f"slurm:{job_id}.batch"
+
+
+def prepared_launch(job_id: str) -> str:
+    return f"batch={job_id}"
+
+
+def prepared_path(env: dict[str, str], head: list[str] | tuple[str, ...]) -> str:
+    """Where ``plan-step`` writes the plan of batch job ``SLURM_JOB_ID``: the job
+    directory (:func:`job_dir`)."""
+    where, _ = job_dir(env, head)
+    return os.path.join(where, f"plan-slurm_{env.get('SLURM_JOB_ID', '0')}.batch.json")
+
+
+def writable(path: str) -> bool:
     """Whether ``path``, or the nearest directory above it that exists, can be written."""
     while not os.path.isdir(path):
         parent = os.path.dirname(path)
@@ -184,8 +211,8 @@ def _site_job_dir(path: str | None) -> tuple[str | None, str]:
 def make_key(job: JobRole, env: dict[str, str], cwd: str,
              files: tuple[tuple[str, str], ...] = ()) -> PlanKey:
     """The key of ``job``'s plan; ``files``: (role, path) to identify by their ``stat``."""
-    return PlanKey(job=job.info.job_key, launch=job.launch, nodes=job.info.nodes,
-                   size=job.info.size,
+    return PlanKey(job=job.prepared or job.info.job_key, launch=job.launch,
+                   nodes=job.info.nodes, size=job.info.size,
                    argv=job.argv, cwd=cwd, env=_env_key(env), cpus=os.cpu_count(),
                    files=tuple((r, p, identity(p)) for r, p in files))
 
@@ -200,7 +227,8 @@ def identity(path: str) -> str:
 
 
 def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    names = sorted(k for k in env if k.startswith("HPCAI_") and k != "HPCAI_PLAN_TIMEOUT")
+    names = sorted(k for k in env
+                   if k.startswith("HPCAI_") and k not in ("HPCAI_PLAN_TIMEOUT", PLAN_ENV))
     return tuple((k, env[k]) for k in (*ENV_KEYS, *names) if k in env)
 
 
@@ -299,6 +327,20 @@ def wait(path: str, started: float, timeout: float, launch: str) -> dict:
         delay = min(delay * 2, 1.0)     # few polls of the shared directory, <= 1 s late
 
 
+def read_prepared(path: str) -> dict:
+    """The plan written before the launch (:data:`PLAN_ENV`): there, or an error."""
+    try:
+        return json.loads(_read(path))
+    except FileNotFoundError:
+        raise UserError(f"{PLAN_ENV}={path}, but there is no plan there",
+                        "run the job script as hpcai-launch sbatch wrote it (its plan-step "
+                        f"line writes the plan before srun), or unset {PLAN_ENV}") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the job's plan {path}: {exc}",
+                        "submit the job script again (its plan-step line writes a new "
+                        "plan)") from None
+
+
 def _read(path: str) -> bytes:
     """The whole file in as few calls as there are (open, read until empty, close)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -370,7 +412,9 @@ def for_rank(template: RankTemplate, info: RankInfo,
     out.update(torch_env(info, env))
     out.update(template.env)
     node = str(info.node_rank)
-    return tuple(a.replace(NODE_MARK, node) for a in template.argv), out, entry.bind_cpus
+    argv = tuple(a.replace(NODE_MARK, node).replace(JOB_MARK, info.job_key)
+                 for a in template.argv)
+    return argv, out, entry.bind_cpus
 
 
 def plan_timeout(env: dict[str, str]) -> float:

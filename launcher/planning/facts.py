@@ -69,11 +69,14 @@ def choose_mode(options: Options, env: dict[str, str],
     return "mpirun", "outside any allocation"
 
 def gather_facts(options: Options, env: dict[str, str] | None = None, *,
-                 stage: bool = True) -> Facts:
+                 stage: bool = True, rank: RankInfo | None = None,
+                 srun_kills: bool | None = None) -> Facts:
     """Read the world once: topology, rank identity, MPI, command path, a free port, the
-    container. ``stage=False`` (``--dry-run``): the host libraries are found but not copied."""
+    container. ``stage=False`` (``--dry-run``): the host libraries are found but not copied.
+    ``rank``: plan as this rank (``plan-step``: rank 0 of the step a batch script starts
+    next, whose srun line says ``srun_kills``) instead of the rank ``env`` names."""
     env = dict(os.environ if env is None else env)
-    info = rankenv.from_environ(env, os.getppid())
+    info = rank if rank is not None else rankenv.from_environ(env, os.getppid())
     topo = _topology(options, env, in_rank=info is not None, hostname=socket.gethostname())
     site = SiteProfile.chosen(options.site, env)
     command_path = None
@@ -108,8 +111,9 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             srun_pmi=srun_pmi, cache_dir=stage_root,
             in_rank=info is not None, command=options.command[0] if options.command else None,
             stage=stage, argv=options.command)
-    kills = None
-    if info is not None and info.started_by == "slurm" and info.rank == 0 and info.size > 1:
+    kills = srun_kills
+    if rank is None and info is not None and info.started_by == "slurm" and info.rank == 0 \
+            and info.size > 1:
         from ...slurm.step import srun_kills_on_bad_exit
         kills = srun_kills_on_bad_exit(env, sys.argv[1:])
     return Facts(env=env, topology=topo, hostname=socket.gethostname(),

@@ -459,14 +459,15 @@ def _rank_parts(options: Options, facts: Facts) -> tuple[
         cspec = spec(facts.container, options.binds, facts.cwd, facts.env)
         env.update(cspec.env)
         argv = tuple(wrap(cspec, options.command, join_ct=info.local_size,
-                          join_tag=f"hpcai-{info.job_key}-{jobplan.NODE_MARK}"))
+                          join_tag=f"hpcai-{jobplan.JOB_MARK}-{jobplan.NODE_MARK}"))
     elif facts.mpi is not None and "MPI4PY_MPIABI" not in facts.env:
         lib_env, links, lib_notes = mpi_library_env(facts.mpi, facts.env, facts.cache_dir)
         env.update(lib_env)
         notes += lib_notes
     env.update(facts.pmi.env)          # e.g. I_MPI_PMI_LIBRARY: Slurm's libpmi2 on the host
     warnings: list[str] = [facts.pmi.note] if facts.pmi.note else []
-    has_pmi = any(key in facts.env for key in ("PMIX_RANK", "PMI_RANK", "PMI_FD"))
+    has_pmi = pmi.step_plugin(facts.env) is not None or any(
+        key in facts.env for key in ("PMIX_RANK", "PMI_RANK", "PMI_FD"))
     if info.started_by == "slurm" and info.size > 1 and not has_pmi:
         warnings.append("srun started the ranks without a PMI plugin (--mpi=none): MPI "
                         "programs will each see a world of size 1; use srun --mpi=pmix "

@@ -179,8 +179,10 @@ def run_rank(job: jobplan.JobRole, env: dict[str, str], started: float) -> int |
 def start(job: jobplan.JobRole, env: dict[str, str], started: float) -> None:
     """Wait for the plan, check it, bind and exec. Returns when this rank must plan by
     itself. Raises PlannerFailed or UserError."""
-    timeout = jobplan.plan_timeout(env)
-    data = jobplan.wait(job.path, started, timeout, job.launch)
+    if job.prepared:    # written on the batch host before srun started this step
+        data = jobplan.read_prepared(job.path)
+    else:
+        data = jobplan.wait(job.path, started, jobplan.plan_timeout(env), job.launch)
     key = jobplan.make_key(job, env, os.getcwd(), ())
     template = jobplan.check(data, key, job.path)
     if template is None or len(template.ranks) != job.info.local_size:
