@@ -185,3 +185,26 @@ def test_gpu_device_script_in_cpu_mode(tmp_path):
                      "gan-profile-h200.json", "nccl-smoke.log"} and len(names) <= 8
     assert "parity rc=0" in result.stdout and "smoke rc=0" in result.stdout
     assert result.stdout.rstrip().splitlines()[-1].startswith("== done")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("given", [True, False])
+def test_process_group_rendezvous_with_and_without_master_addr(given, tmp_path):
+    """init_torch_dist (NCCL's on GPUs, here with gloo): hpcai-launch's MASTER_ADDR/PORT, or
+    without them a port offered by rank 0 over MPI."""
+    script = tmp_path / "pg.py"
+    script.write_text(
+        "import os, sys, torch, torch.distributed as dist\n"
+        "from mpi4py import MPI\n"
+        "from hpcai.training.torch_trainer import init_torch_dist\n"
+        "if sys.argv[1] == 'False':\n"
+        "    os.environ.pop('MASTER_ADDR', None); os.environ.pop('MASTER_PORT', None)\n"
+        "comm = MPI.COMM_WORLD\n"
+        "init_torch_dist('gloo', comm, comm.rank, comm.size)\n"
+        "t = torch.tensor([comm.rank + 1.0]); dist.all_reduce(t)\n"
+        "print('sum', int(t.item()), flush=True)\n"
+        "dist.destroy_process_group()\n")
+    result = run(["hpcai-launch", "-N", "2", "--", sys.executable, str(script), str(given)],
+                 base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("sum 3") == 2

@@ -98,45 +98,42 @@ def gpu_sharing(comm, device: torch.device) -> int:
     return max(mine.count(k) for k in mine)
 
 
-def init_nccl(comm, rank: int, world: int, device: torch.device) -> str:
-    """torch.distributed's NCCL process group for this job, proven with one allreduce;
-    returns NCCL's version. The rendezvous is MASTER_ADDR/MASTER_PORT (hpcai-launch sets
-    them); without them rank 0 offers a free port on its host name, or on loopback when the
-    whole job is on one host, and broadcasts it over MPI."""
+def init_torch_dist(backend: str, comm, rank: int, world: int,
+                    device: torch.device | None = None) -> None:
+    """torch.distributed's process group for this job (once). The rendezvous is
+    MASTER_ADDR/MASTER_PORT (hpcai-launch sets them); without them rank 0 offers a free port
+    on loopback when the whole job is on one host, else on its host name, and broadcasts it
+    over MPI. ``device``: the rank's GPU, bound to the group (NCCL)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if addr and port:
-            method = "env://"
-        else:
-            hosts = comm.allgather(socket.gethostname())
-            offer = None
-            if rank == 0:
-                with socket.socket() as s:
-                    s.bind(("", 0))
-                    free = s.getsockname()[1]
-                host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
-                offer = f"tcp://{host}:{free}"
-            method = comm.bcast(offer, root=0)
-        dist.init_process_group("nccl", init_method=method, rank=rank, world_size=world,
-                                device_id=device)
+    if dist.is_initialized():
+        return
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        method = "env://"
+    else:
+        hosts = comm.allgather(socket.gethostname())
+        offer = None
+        if rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                free = s.getsockname()[1]
+            offer = f"tcp://{'127.0.0.1' if len(set(hosts)) == 1 else hosts[0]}:{free}"
+        method = comm.bcast(offer, root=0)
+    extra = {} if device is None else {"device_id": device}
+    dist.init_process_group(backend, init_method=method, rank=rank, world_size=world, **extra)
+
+
+def init_nccl(comm, rank: int, world: int, device: torch.device) -> str:
+    """The NCCL process group (:func:`init_torch_dist`), proven with one allreduce of ones;
+    returns NCCL's version."""
+    import torch.distributed as dist
+
+    init_torch_dist("nccl", comm, rank, world, device)
     probe = torch.ones(1, device=device)
     dist.all_reduce(probe)
     if int(probe.item()) != world:
         raise RuntimeError(f"NCCL allreduce of ones over {world} ranks gave {probe.item()}")
     return nccl_version(torch.cuda.nccl.version())
-
-
-def rank_device(kind: str) -> torch.device:
-    """``cpu``, or for ``cuda`` this rank's GPU: its local rank (the launcher's LOCAL_RANK)
-    modulo the GPUs it sees, made the current one."""
-    if kind == "cpu":
-        return torch.device("cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
-    device = torch.device(kind, local % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
 
 
 class TorchTrainer(Trainer):
@@ -163,11 +160,7 @@ class TorchTrainer(Trainer):
     def _make_reducers(self) -> dict:
         cfg = self.cfg
         if cfg.comm == "gloo":
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("gloo", init_method="env://", rank=self.rank,
-                                        world_size=self.world)
+            init_torch_dist("gloo", self.comm, self.rank, self.world)
             transport = TorchDistTransport("gloo")
         elif cfg.comm == "horovod":
             transport = HorovodTransport(self.comm)
