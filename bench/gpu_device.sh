@@ -15,9 +15,10 @@
 # That machine has python3 with a CUDA PyTorch and no MPI or network: the wheels of mpi4py,
 # MPICH, pyelftools and python-hostlist travel in .whl/ and are installed under /tmp, with
 # hpcai-launch and train wrappers, as bench/gpu_learning.sh does. Each part runs under its
-# own timeout, so one that fails or hangs leaves the others their time (about 9 minutes in
-# all). --cpu runs the same parts on this machine's CPU with tiny sizes (no nvidia-smi, no
-# wheels: the environment's python3, hpcai-launch and hpcai), to test the script.
+# own timeout, so one that fails or hangs leaves the others their time (at most about 9.5
+# minutes in all). --cpu runs the same parts on this machine's CPU with tiny sizes (no
+# nvidia-smi, no wheels: the environment's python3, hpcai-launch and hpcai), to test the
+# script.
 set -uo pipefail
 CPU=0
 [ "${1:-}" = "--cpu" ] && CPU=1
@@ -46,7 +47,7 @@ if [ "$CPU" = 0 ]; then
   chmod +x "$W/bin/hpcai-launch" "$W/bin/train"
   export PATH="$W/bin:$W/mpich/bin:$PATH" PYTHONPATH="$W/site:$W/pkg"
   DEV=cuda
-  PARITY=(--budget-s "${PARITY_BUDGET_S:-300}" --gan-variants)
+  PARITY=(--budget-s "${PARITY_BUDGET_S:-330}" --gan-variants)
   PROFILE=()
   SMOKE=(resnet50 --device cuda --comm nccl --batch-size 64 --samples 320)
   nvidia-smi -L
@@ -70,17 +71,17 @@ except ImportError:
     print("torchvision: not installed (the plain loop uses hpcai models/resnet.py)")'
 
 say "parity: bench/gpu_parity.py"
-timeout "${PARITY_TIMEOUT_S:-360}" python3 "$ROOT/bench/gpu_parity.py" --device "$DEV" \
+timeout "${PARITY_TIMEOUT_S:-380}" python3 "$ROOT/bench/gpu_parity.py" --device "$DEV" \
   "${PARITY[@]}" --json "$OUT/gpu-parity-h200.json"
 echo "parity rc=$?"
 
 say "profile: the 3DGAN step under torch.profiler"
-timeout 90 python3 "$ROOT/bench/gpu_parity.py" --device "$DEV" "${PROFILE[@]}" \
+timeout 80 python3 "$ROOT/bench/gpu_parity.py" --device "$DEV" "${PROFILE[@]}" \
   --profile "$OUT/gan-profile-h200.txt" | tail -40
 echo "profile rc=${PIPESTATUS[0]}"
 
 say "smoke: hpcai-launch -N 1 -- train ${SMOKE[*]}"
-timeout 90 hpcai-launch -N 1 -- train "${SMOKE[@]}" --epochs 2 --max-steps 5 \
+timeout 80 hpcai-launch -N 1 -- train "${SMOKE[@]}" --epochs 2 --max-steps 5 \
   --eval-samples 0 --out "$W/smoke" < /dev/null > "$OUT/nccl-smoke.log" 2>&1
 echo "smoke rc=$?"
 cut -c1-240 "$OUT/nccl-smoke.log" | tail -8

@@ -317,43 +317,11 @@ def pair(cfg: Config, args, work: Path, data: Path | None, left: float, log) -> 
           f"(pair {len(cfg.hpcai)})", flush=True)
 
 
-def run_parity(args) -> dict:
+def document(args, info: dict, todo: list[Config], failures: list[str], log: list[dict],
+             elapsed: float) -> dict:
+    """The result as it stands (written after every pair, so a run cut short keeps it)."""
     import torch
 
-    start = time.perf_counter()
-    info = provenance()
-    todo = configs(args)
-    work = Path(tempfile.mkdtemp(prefix="gpu-parity-"))
-    log: list[dict] = []
-    failures: list[str] = []
-    try:
-        data = (gan_data(work, args.gan_batch * args.gan_steps)
-                if any(c.gan for c in todo) else None)
-        pair_s: dict[str, float] = {}
-        while True:
-            primary_short = any(c.primary and len(c.hpcai) < args.min_pairs
-                                and not decided(c, args.min_pairs) for c in todo)
-            ran = False
-            for cfg in todo:
-                if (len(cfg.hpcai) >= args.max_pairs or decided(cfg, args.min_pairs)
-                        or cfg.key in {f.split(":")[0] for f in failures}
-                        or (not cfg.primary and primary_short)):
-                    continue
-                left = args.budget_s - (time.perf_counter() - start)
-                if left < pair_s.get(cfg.key, args.first_pair_s):
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    pair(cfg, args, work, data, left, log)
-                except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
-                    failures.append(f"{cfg.key}: {exc}"[:2000])
-                    print(f"{cfg.key}: trial failed: {str(exc)[:400]}", flush=True)
-                pair_s[cfg.key] = time.perf_counter() - t0
-                ran = True
-            if not ran:
-                break
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     rows = []
     for cfg in todo:
         stats = interval(cfg.ratios())
@@ -370,12 +338,12 @@ def run_parity(args) -> dict:
     judged = [r["verdict"] for r in rows if r["primary"]]
     overall = ("met" if judged and all(v == "met" for v in judged)
                else "missed" if "missed" in judged else "unresolved")
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
+    cuda = args.device == "cuda"
     return {
         "benchmark": "gpu_parity",
         "provenance": {**info, "torch": torch.__version__, "cuda": torch.version.cuda,
-                       "cudnn": (torch.backends.cudnn.version() if args.device == "cuda"
-                                 else None), "gpu": gpu,
+                       "cudnn": torch.backends.cudnn.version() if cuda else None,
+                       "gpu": torch.cuda.get_device_name() if cuda else None,
                        "torchvision": _version("torchvision")},
         "settings": {"device": args.device, "image_size": args.image_size,
                      "epochs_per_hpcai_trial": args.epochs, "warmup_steps": args.warmup,
@@ -385,8 +353,55 @@ def run_parity(args) -> dict:
                      "precisions": "fp32: TF32 off; tf32: TF32 on for matmul and cuDNN; "
                                    "bf16: autocast to bfloat16, TF32 on (both sides)"},
         "rows": rows, "verdict": overall, "failures": failures, "hpcai_runs": log,
-        "elapsed_s": round(time.perf_counter() - start, 1),
+        "elapsed_s": round(elapsed, 1),
     }
+
+
+def run_parity(args) -> dict:
+    start = time.perf_counter()
+    info = provenance()
+    todo = configs(args)
+    work = Path(tempfile.mkdtemp(prefix="gpu-parity-"))
+    log: list[dict] = []
+    failures: list[str] = []
+
+    def save() -> dict:
+        doc = document(args, info, todo, failures, log, time.perf_counter() - start)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        return doc
+
+    try:
+        data = (gan_data(work, args.gan_batch * args.gan_steps)
+                if any(c.gan for c in todo) else None)
+        pair_s: dict[str, float] = {}
+        failed: set[str] = set()
+        while True:
+            primary_short = any(c.primary and len(c.hpcai) < args.min_pairs
+                                and not decided(c, args.min_pairs) for c in todo)
+            ran = False
+            for cfg in todo:
+                if (len(cfg.hpcai) >= args.max_pairs or decided(cfg, args.min_pairs)
+                        or cfg.key in failed or (not cfg.primary and primary_short)):
+                    continue
+                left = args.budget_s - (time.perf_counter() - start)
+                if left < pair_s.get(cfg.key, args.first_pair_s):
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    pair(cfg, args, work, data, left, log)
+                except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+                    failed.add(cfg.key)
+                    failures.append(f"{cfg.key}: {exc}"[:2000])
+                    print(f"{cfg.key}: trial failed: {str(exc)[:400]}", flush=True)
+                pair_s[cfg.key] = time.perf_counter() - t0
+                ran = True
+                save()
+            if not ran:
+                break
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return save()
 
 
 def _version(name: str) -> str | None:
@@ -526,8 +541,6 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 0
     doc = run_parity(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
     for row in doc["rows"]:
         r = row["ratio"]
         ci = "none" if r["ci95"] is None else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
