@@ -136,6 +136,17 @@ def init_nccl(comm, rank: int, world: int, device: torch.device) -> str:
     return nccl_version(torch.cuda.nccl.version())
 
 
+def rank_device(kind: str) -> torch.device:
+    """``cpu``, or for ``cuda`` this rank's GPU: its local rank (the launcher's LOCAL_RANK)
+    modulo the GPUs it sees, made the current one."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    device = torch.device(kind, local % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 class TorchTrainer(Trainer):
     framework = "pytorch"
 
