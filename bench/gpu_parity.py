@@ -459,7 +459,7 @@ def run_profile(args) -> dict:
                                            else [])
     with profile(activities=activities) as prof:
         profiled_s = steps(args.profile_steps)
-    sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+    sort = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     averages = prof.key_averages()
     table = averages.table(sort_by=sort, row_limit=25, max_name_column_width=60)
     rows = []
