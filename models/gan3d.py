@@ -255,14 +255,17 @@ class Discriminator(nn.Module):
 
 
 def bce(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy of probabilities ``p`` against ``y``; p clipped to [1e-7, 1-1e-7]."""
+    """Binary cross-entropy of probabilities ``p`` against ``y``; p clipped to [1e-7, 1-1e-7]
+    in float32 (a bfloat16 ``p`` from autocast is widened first: 1 - 1e-7 rounds to 1 there)."""
+    p = p.float()
     y = y.reshape(p.shape).to(p.dtype)
     p = p.clamp(EPS, 1.0 - EPS)
     return -(y * torch.log(p) + (1.0 - y) * torch.log(1.0 - p)).mean()
 
 
 def mape(y: torch.Tensor, yhat: torch.Tensor) -> torch.Tensor:
-    """MAPE(y, yhat) = 100 * mean(|y - yhat| / max(|y|, 1e-7))."""
+    """MAPE(y, yhat) = 100 * mean(|y - yhat| / max(|y|, 1e-7)), in float32 at least."""
+    yhat = yhat.float()
     y = y.reshape(yhat.shape).to(yhat.dtype)
     return 100.0 * ((y - yhat).abs() / y.abs().clamp_min(EPS)).mean()
 
@@ -394,15 +397,18 @@ def generator_loss(D: Discriminator, G: Generator, e: torch.Tensor, gen_rng: tor
 _PART_NAMES = ("bce", "aux", "ecal")
 
 
-def _value(loss: torch.Tensor) -> float:
-    """The loss as a float; NaN for a shape-only (meta) tensor, which has no value."""
+def _value(loss: torch.Tensor, host: bool = True) -> float | torch.Tensor:
+    """The loss as a float (NaN for a shape-only (meta) tensor, which has no value), or with
+    ``host`` False detached where it is, so that reading it does not wait for the device."""
+    if not host:
+        return loss.detach()
     return math.nan if loss.is_meta else float(loss.detach())
 
 
-def _record(out: dict[str, float], key: str, total: torch.Tensor, parts) -> None:
-    out[key] = _value(total)
+def _record(out: dict, key: str, total: torch.Tensor, parts, host: bool = True) -> None:
+    out[key] = _value(total, host)
     for name, part in zip(_PART_NAMES, parts):
-        out[f"{key}_{name}"] = _value(part)
+        out[f"{key}_{name}"] = _value(part, host)
 
 
 def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
@@ -410,11 +416,14 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
                   rng: torch.Generator,
                   after_backward: Callable[[nn.Module], None] | None = None,
                   d_bn_in_g_steps: str = "freeze",
-                  loss_weights: tuple[float, float, float] = LOSS_WEIGHTS) -> dict[str, float]:
+                  loss_weights: tuple[float, float, float] = LOSS_WEIGHTS,
+                  host: bool = True) -> dict:
     """Four optimiser steps: D on the real batch, D on a generated batch, G, G.
 
     ``d_bn_in_g_steps``: D's BatchNorm moving statistics in the G steps (``frozen``);
-    ``loss_weights``: (BCE, aux, ecal) of all four losses, [CERN]'s by default.
+    ``loss_weights``: (BCE, aux, ecal) of all four losses, [CERN]'s by default;
+    ``host`` False: the losses come back as 0-d tensors on the models' device, and nothing
+    in the iteration waits for the device (the trainer reads them once per epoch).
 
     ``after_backward(module)`` is called after every ``backward()`` and before the matching
     ``step()`` with the module about to be stepped (D or G), e.g. to allreduce its gradients.
@@ -435,13 +444,13 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
     opt_d.zero_grad(set_to_none=False)
     total, parts = discriminator_real_loss(D, x, e, rng, loss_weights)
     step(D, opt_d, total)
-    _record(out, "d_real", total, parts)
+    _record(out, "d_real", total, parts, host)
 
     # 2. D on a generated batch (G in inference mode, output detached)
     opt_d.zero_grad(set_to_none=False)
     total, parts = discriminator_fake_loss(D, G, e, rng, loss_weights)
     step(D, opt_d, total)
-    _record(out, "d_fake", total, parts)
+    _record(out, "d_fake", total, parts, host)
     opt_d.zero_grad(set_to_none=False)
 
     # 3./4. G twice with fresh E' and z, D frozen
@@ -450,7 +459,7 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
         with frozen(D, d_bn_in_g_steps):
             total, parts = generator_loss(D, G, e, rng, loss_weights)
             step(G, opt_g, total)
-        _record(out, key, total, parts)
+        _record(out, key, total, parts, host)
     opt_g.zero_grad(set_to_none=False)
     out["g"] = 0.5 * (out["g1"] + out["g2"])
     return out

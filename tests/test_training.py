@@ -36,7 +36,8 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     for line in (out / "epochs.jsonl").read_text().splitlines():   # the typed record reads it
         assert json.loads(EpochRecord.from_json(line).to_json()) == json.loads(line)
     for r in epochs:
-        assert len(r) == 29 and r["version"] == 1   # 27 keys, eval and physics
+        assert len(r) == 31 and r["version"] == 1   # 27, eval, physics and the two below
+        assert (r["precision"], r["memory_format"]) == ("fp32", "channels_last")
         assert set(r["physics"]) >= {"profile_distance_z", "sampling_fraction_worst_rel_diff",
                                      "aux_mape_real", "aux_mape_gen", "hits_worst_rel_diff"}
         assert r["physics"]["events"] == 16   # of the 64 in the held-out file

@@ -23,7 +23,7 @@ from ..models.gan3d_spec import LOSS_WEIGHTS
 from .schedule import DECAYS
 
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
-COMMS = ("mpi", "gloo", "horovod")
+COMMS = ("mpi", "gloo", "horovod", "nccl")
 FRAMEWORKS = ("pytorch", "tensorflow")
 LR_DECAYS = tuple(DECAYS)   # training/schedule.py owns the decays
 TF_MODELS = ("3dgan", "resnet50")
@@ -38,6 +38,7 @@ BUCKET_MB = 4.0
 VALIDATE_EVERY, VALIDATE_EVENTS = 1, 256   # 3dgan physics validation
 DEVICES = ("cpu", "cuda")
 VALIDATE_BN = ("moving", "standing")   # 3dgan: --validate-bn
+PRECISIONS = ("fp32", "tf32", "bf16")   # --precision: torch_trainer.precision_settings
 TRAIN_PROGRAMS = ("train", "hpcai-train")
 TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")
 
@@ -85,6 +86,12 @@ class TrainConfig:
     loss_weights: tuple[float, float, float] = LOSS_WEIGHTS   # 3dgan (BCE, aux, ecal)
     generator_ema: float | None = None   # 3dgan: decay of the generator's weight average
     validate_bn: str = "moving"       # 3dgan: the judged generator's BatchNorm statistics
+    precision: str = "fp32"           # "tf32", "bf16" (autocast): --device cuda only
+
+    @property
+    def memory_format(self) -> str:
+        """The convolutions' input and weight layout: "channels_last" or "contiguous"."""
+        return "channels_last" if self.channels_last else "contiguous"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,9 +149,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="synthetic images (resnet; default 256)")
     p.add_argument("--image-size", type=int, default=None, help="resnet; default 224")
     p.add_argument("--classes", type=int, default=None, help="resnet; default 1000")
-    p.add_argument("--comm", choices=COMMS, default="mpi",
-                   help="gradient allreduce: mpi (hpcai's fused buckets over mpi4py), gloo "
-                        "(torch.distributed, PyTorch only) or horovod (if built)")
+    p.add_argument("--comm", choices=COMMS, default=None,
+                   help="gradient allreduce: mpi (hpcai's fused buckets over mpi4py; the "
+                        "default on the CPU), gloo (torch.distributed, PyTorch only), horovod "
+                        "(if built) or nccl (the same buckets over torch.distributed's NCCL, "
+                        "--device cuda only, its default; ranks that share a GPU fall back "
+                        "to mpi)")
     p.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
                    help="tensorflow: the Keras 3 models, trained by the same engine")
     p.add_argument("--bucket-mb", type=float, default=None,
@@ -222,8 +232,14 @@ def make_parser() -> argparse.ArgumentParser:
                         "fixed inputs (the moving averages lag the weights; docs/3dgan.md)")
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="cuda: each rank computes on a GPU (its local rank modulo the GPUs "
-                        "it sees); gradients and broadcasts are copied through host memory "
-                        "for MPI. PyTorch with --comm mpi only")
+                        "it sees); gradients are averaged with NCCL (--comm nccl, the default) "
+                        "or through host memory over MPI (--comm mpi); broadcasts and replica "
+                        "checks go through host memory. PyTorch only")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="--device cuda: fp32 (no TF32 anywhere), tf32 (TF32 matrix products "
+                        "and convolutions; the default there) or bf16 (autocast to bfloat16 "
+                        "where it applies, TF32 elsewhere); the CPU runs fp32 only. The "
+                        "%% of peak is against a GEMM in the same precision")
     return p
 
 
@@ -251,7 +267,8 @@ def parse(argv: list[str]) -> TrainConfig:
         lr=lr if ns.lr is None else ns.lr, lr_scaling=ns.lr_scaling,
         warmup_epochs=ns.warmup_epochs, lr_decay=ns.lr_decay,
         optimizer=ns.optimizer or opt, data=ns.data,
-        generate_events=ns.generate, **image, comm=ns.comm, framework=ns.framework,
+        generate_events=ns.generate, **image,
+        comm=ns.comm or ("nccl" if ns.device == "cuda" else "mpi"), framework=ns.framework,
         bucket_mb=BUCKET_MB if ns.bucket_mb is None else ns.bucket_mb,
         overlap=not ns.no_overlap, verify_every=ns.verify_every,
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
@@ -267,7 +284,8 @@ def parse(argv: list[str]) -> TrainConfig:
         d_bn_in_g_steps=ns.d_bn_in_g_steps,
         cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device,
         loss_weights=LOSS_WEIGHTS if ns.loss_weights is None else ns.loss_weights,
-        generator_ema=ns.generator_ema, validate_bn=ns.validate_bn)
+        generator_ema=ns.generator_ema, validate_bn=ns.validate_bn,
+        precision=ns.precision or ("tf32" if ns.device == "cuda" else "fp32"))
     check_numbers(cfg)
     return cfg
 
@@ -311,11 +329,19 @@ def check_options(ns: argparse.Namespace) -> None:
             if value != default:
                 raise UserError(f"{flag} {value} is implemented for PyTorch only",
                                 f"use --framework pytorch, or leave {flag} out ({default})")
-    if ns.device != "cpu" and (ns.framework, ns.comm) != ("pytorch", "mpi"):
+    if ns.device != "cpu" and (ns.framework != "pytorch"
+                               or ns.comm not in (None, "mpi", "nccl")):
         raise UserError(f"--device {ns.device} is implemented for --framework pytorch with "
-                        f"--comm mpi only, not --framework {ns.framework} --comm {ns.comm}",
-                        "use --framework pytorch --comm mpi (the defaults), or leave "
-                        "--device out (cpu)")
+                        f"--comm nccl or mpi only, not --framework {ns.framework} --comm "
+                        f"{ns.comm or 'mpi'}",
+                        "use --framework pytorch (the default) and leave --comm out (nccl), "
+                        "or leave --device out (cpu)")
+    if ns.comm == "nccl" and ns.device != "cuda":
+        raise UserError("--comm nccl averages GPU gradients and needs --device cuda",
+                        "add --device cuda on a GPU node, or leave --comm out (mpi)")
+    if ns.precision not in (None, "fp32") and ns.device != "cuda":
+        raise UserError(f"--precision {ns.precision} is for --device cuda; the CPU trains "
+                        "in fp32", "add --device cuda on a GPU node, or leave --precision out")
     if ns.bucket_mb is not None and ns.framework == "tensorflow" and ns.comm == "horovod":
         raise UserError("--bucket-mb has no effect with --framework tensorflow --comm "
                         "horovod: Horovod fuses the tensors itself",

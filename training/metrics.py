@@ -55,11 +55,26 @@ def git_revision() -> str:
 
 def comm_version(comm_backend: str) -> str:
     """Version of the library that carries the gradient allreduce."""
+    if comm_backend == "nccl":
+        try:
+            import torch
+
+            return "NCCL " + nccl_version(torch.cuda.nccl.version())
+        except (ImportError, AttributeError, RuntimeError):
+            return "unknown"
     module = {"mpi": "mpi4py", "horovod": "horovod", "gloo": "torch"}.get(comm_backend)
     try:
         return f"{module} {importlib.import_module(module).__version__}"
     except (ImportError, AttributeError, TypeError):
         return "unknown"
+
+
+def nccl_version(version) -> str:
+    """``torch.cuda.nccl.version()`` (a tuple, or an int such as 21803 in older PyTorch) as
+    "2.18.3"."""
+    if isinstance(version, int):
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return ".".join(str(v) for v in version)
 
 
 def installed_version(distribution: str) -> str | None:

@@ -5,8 +5,9 @@ The trainer (rank 0) writes one :class:`EpochRecord` per epoch with :meth:`Epoch
 the schema version and the type of every field and names the first field that is wrong.
 Standard library only: reading records needs neither torch nor NumPy.
 
-Schema 1: the JSON keys are the field names (27 keys, and the optional ``eval`` and
-``physics``: the 3DGAN's held-out validation summary, ``physics.Validation.summary``), in the
+Schema 1: the JSON keys are the field names (27 keys, and the optional ``eval``,
+``physics``: the 3DGAN's held-out validation summary, ``physics.Validation.summary``, and
+``precision`` and ``memory_format``, which records written before they existed lack), in the
 order of the fields, after ``"record": "epoch"`` and ``"version": 1``; ``peak``, ``allreduce`` and
 ``provenance`` are objects with the fields of :class:`Peak`, :class:`AllreduceTotals` and
 :class:`Provenance`. Seconds are the epoch's wall time (maximum over ranks) and the per-rank
@@ -99,10 +100,12 @@ class EpochRecord:
     provenance: Provenance
     eval: dict[str, float] | None = None   # rank 0's metrics on fixed samples, if asked
     physics: dict[str, float] | None = None   # held-out physics validation's summary, if run
+    precision: str | None = None       # PyTorch: "fp32", "tf32" or "bf16" (train --precision)
+    memory_format: str | None = None   # PyTorch: "channels_last" or "contiguous"
 
     def to_dict(self) -> dict[str, Any]:
         out = {"record": KIND, "version": SCHEMA_VERSION, **asdict(self)}
-        for optional in ("eval", "physics"):
+        for optional in ("eval", "physics", "precision", "memory_format"):
             if out[optional] is None:
                 del out[optional]
         return out

@@ -3,8 +3,11 @@ sample (counted by ``torch.utils.flop_counter`` on shape-only copies, ``META``).
 
 A task owns no communication: ``train_step`` takes an ``after_backward(module)`` callback that
 the engine uses to average gradients before each optimiser step. Batches arrive as NumPy
-arrays and are wrapped as tensors without a copy (copied once to the GPU with ``--device
-cuda``); what goes back to NumPy is copied to the host.
+arrays, wrapped as tensors without a copy, or with ``--device cuda`` as tensors already on
+the GPU or in pinned host memory (``device_data``); what goes back to NumPy is copied to the
+host. ``train_step`` returns its losses as 0-d tensors where the step ran, so that no step
+waits for the device; the trainer reads them once per epoch. With ``--precision bf16`` the
+forward passes and losses run under ``torch.autocast`` to bfloat16.
 """
 
 from __future__ import annotations
@@ -37,6 +40,22 @@ def count_flops(fn) -> int:
     with counter:
         fn()
     return int(counter.get_total_flops())
+
+
+def as_tensor(a: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``a`` on ``device``: a NumPy array wrapped without a copy on the CPU; a tensor in
+    pinned memory is copied without waiting (a plain ``.to`` from pageable memory waits for
+    the device to finish all queued work)."""
+    if isinstance(a, torch.Tensor):
+        return a.to(device, non_blocking=True)
+    return torch.from_numpy(a).to(device)
+
+
+def autocast(precision: str, device: torch.device):
+    """``torch.autocast`` to bfloat16 for ``--precision bf16`` on a GPU; else nothing."""
+    if precision == "bf16" and device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -106,6 +125,7 @@ class GanTask:
         self.average = (WeightAverage(self.G, cfg.generator_ema, self._generator_inputs)
                         if cfg.generator_ema is not None else None)
         self.validate_bn = cfg.validate_bn
+        self.precision = cfg.precision
         self._standing: torch.nn.Module | None = None   # G's copy, for --validate-bn standing
         self._standing_fresh = False     # does it hold G's current weights and statistics?
 
@@ -163,21 +183,24 @@ class GanTask:
         return {"generator": self.opt_g, "discriminator": self.opt_d}
 
     def train_step(self, x: np.ndarray, e: np.ndarray, rng: torch.Generator,
-                   after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
-        x, e = self._to_network(x), torch.from_numpy(e).to(self.device)
+                   after_backward: Callable[[torch.nn.Module], None] | None
+                   ) -> dict[str, torch.Tensor]:
+        x, e = self._to_network(x), as_tensor(e, self.device)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
-        losses = gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
-                                     after_backward, self.d_bn_in_g_steps, self.loss_weights)
+        with autocast(self.precision, self.device):
+            losses = gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
+                                         after_backward, self.d_bn_in_g_steps,
+                                         self.loss_weights, host=False)
         if self.average is not None:
             self.average.update(self.G)
         self._standing_fresh = False
         return losses
 
-    def _to_network(self, x: np.ndarray) -> torch.Tensor:
+    def _to_network(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Cells in GeV -> the networks' units on the task's device (a new tensor when scaled
         or moved; ``x`` untouched)."""
-        t = torch.from_numpy(x).to(self.device)
+        t = as_tensor(x, self.device)
         return t * self.cell_scale if self.cell_scale != 1.0 else t
 
     @torch.no_grad()
@@ -189,7 +212,7 @@ class GanTask:
         ``gen_sum_over_f``: mean Σ(G) / f(E') of generated showers (1 is right);
         ``real_sum_over_f``: the same for the real events, for reference.
         """
-        x, e = torch.from_numpy(x).to(self.device), torch.from_numpy(e).to(self.device)
+        x, e = as_tensor(x, self.device), as_tensor(e, self.device)
         with _batch_statistics(self.G), _batch_statistics(self.D):
             _, aux, _ = self.D(x * self.cell_scale)
             ev = e.view(-1, 1)
@@ -271,6 +294,7 @@ class ResNetTask:
         self.opt = make_optimizer(cfg.optimizer, self.net.parameters(), lr)
         self.name = cfg.model
         self.image_size = cfg.image_size
+        self.precision = cfg.precision
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -291,22 +315,25 @@ class ResNetTask:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def train_step(self, x: np.ndarray, y: np.ndarray, rng: torch.Generator,
-                   after_backward: Callable[[torch.nn.Module], None] | None) -> dict[str, float]:
-        x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+                   after_backward: Callable[[torch.nn.Module], None] | None
+                   ) -> dict[str, torch.Tensor]:
+        x, y = as_tensor(x, self.device), as_tensor(y, self.device)
         self.net.train()
         self.opt.zero_grad(set_to_none=False)
-        logits = self.net(self._prepare(x))
-        loss = F.cross_entropy(logits, y)
+        with autocast(self.precision, self.device):
+            logits = self.net(self._prepare(x))
+            loss = F.cross_entropy(logits, y)
         loss.backward()
         if after_backward is not None:
             after_backward(self.net)
         self.opt.step()
-        accuracy = float((logits.argmax(1) == y).float().mean())
-        return {"loss": float(loss.detach()), "accuracy": accuracy}
+        with torch.no_grad():
+            accuracy = (logits.argmax(1) == y).float().mean()
+        return {"loss": loss.detach(), "accuracy": accuracy}
 
     @torch.no_grad()
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-        x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        x, y = as_tensor(x, self.device), as_tensor(y, self.device)
         was = self.net.training
         self.net.eval()
         try:

@@ -44,6 +44,7 @@ from .validation import (PhysicsValidator, PlotClock, due, plots_behind,
 from .watchdog import Watchdog
 
 STATE_VERSION = 1   # of the checkpoint's contents
+_STEP_KEYS = ("epoch", "step", "lr")   # a steps.jsonl line: these, then the step's losses
 
 
 def _max_rss_mb() -> float:
@@ -77,6 +78,7 @@ class Trainer(ABC):
         self.base_lr = cfg.lr
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
+        self.comm_backend = cfg.comm   # what averages the gradients; a hook may fall back
         self.reducers = self._make_reducers()
         self.global_step = 0
         self.start_epoch, self.start_step = 0, 0
@@ -154,6 +156,15 @@ class Trainer(ABC):
     @abstractmethod
     def _framework_version(self) -> str:
         ...
+
+    def _finish_device_work(self) -> None:
+        """Wait until the accelerator has done all the work queued so far (the epoch's time
+        ends here); nothing to wait for on the CPU."""
+
+    def _to_host(self, values: list) -> list[float]:
+        """The step losses as floats. A task may return values the device still computes
+        (PyTorch on a GPU); they are read here, once per epoch or checkpoint."""
+        return [float(v) for v in values]
 
     # -- set-up ---------------------------------------------------------------------------
     def _data(self, index, held_out):
@@ -321,7 +332,7 @@ class Trainer(ABC):
         self._verify(exact=True, what="initial weights", buffers=not own_statistics)
         flops = self.task.flops_per_sample()
         peak = self._peak()
-        prov = provenance(comm, comm_backend=cfg.comm, threads=self.threads,
+        prov = provenance(comm, comm_backend=self.comm_backend, threads=self.threads,
                           framework=self.framework,
                           framework_version=self._framework_version())
         if self.rank == 0:
@@ -329,7 +340,7 @@ class Trainer(ABC):
             print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x "
                   f"{self.threads} thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
                   f"({cfg.lr_scaling} scaling of {cfg.lr:g}), {self.steps} steps/epoch, "
-                  f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
+                  f"{flops / 1e9:.3f} GFLOP/sample, comm {self.comm_backend}, "
                   f"{prov.mpi_library_version[:40]}, stall timeout {self.watch.describe()}",
                   flush=True)
             if self.validator is not None:
@@ -404,6 +415,7 @@ class Trainer(ABC):
         if not steps_done and first_step:   # resumed after the last step: its rate
             lr = self._set_lr(epoch, first_step - 1)
         watch.enter("epoch end")
+        self._finish_device_work()
         self._flush_steps(step_log)
         if cfg.bn == "average":
             self._average_bn()
@@ -415,7 +427,9 @@ class Trainer(ABC):
         data_s = stream.wait_s
         mean = lambda v: comm.allreduce(v, op=MPI.SUM) / self.world  # noqa: E731
         wall_max = comm.allreduce(wall, op=MPI.MAX)
-        loss_means = {k: mean(v / max(steps_done, 1)) for k, v in sorted(sums.items())}
+        keys = sorted(sums)
+        loss_means = {k: mean(v / max(steps_done, 1))
+                      for k, v in zip(keys, self._to_host([sums[k] for k in keys]))}
         samples_rank = steps_done * cfg.batch_size
         gflops_rank = flops * samples_rank / wall_max / 1e9 if wall_max > 0 else 0.0
         stats = [r.stats for r in self.reducers.values()]
@@ -464,6 +478,8 @@ class Trainer(ABC):
             provenance=prov,
             eval=evaluated,
             physics=physics_summary,
+            precision=cfg.precision,
+            memory_format=cfg.memory_format,
         )
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
@@ -485,7 +501,7 @@ class Trainer(ABC):
                 f"{k} {v:.4g}" for k, v in r.physics.items() if k != "events")
         print(f"epoch {r.epoch}: {r.epoch_time_s:.2f} s (compute {r.compute_s:.2f}, comm "
               f"{r.comm_s:.2f}, data {r.data_s:.2f}), {r.samples_per_s:.2f} samples/s, "
-              f"{r.gflops_total:.1f} GFLOP/s = {r.pct_of_peak:.1f}% of peak "
+              f"{r.gflops_total:.1f} GFLOP/s = {r.pct_of_peak:.1f}% of {r.precision} peak "
               f"{r.peak.gflops_per_rank:.1f}/rank | {main_losses}", flush=True)
 
     def _evaluate(self) -> dict[str, float]:
@@ -526,7 +542,11 @@ class Trainer(ABC):
 
     def _flush_steps(self, step_log: list) -> None:
         if self.rank == 0 and step_log:
+            keys = [[k for k in entry if k not in _STEP_KEYS] for entry in step_log]
+            values = iter(self._to_host([entry[k] for entry, ks in zip(step_log, keys)
+                                         for k in ks]))
             with open(self.cfg.out_dir / "steps.jsonl", "a", encoding="utf-8") as handle:
-                for entry in step_log:
+                for entry, ks in zip(step_log, keys):
+                    entry = {**entry, **{k: next(values) for k in ks}}
                     handle.write(json.dumps(entry) + "\n")
             step_log.clear()
