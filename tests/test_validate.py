@@ -1,6 +1,6 @@
 """``hpcai-launch validate``: the healthy set-up passes, every negative control FAILS naming
 its cause, a bare side that cannot be measured is UNVERIFIED (exit 3), all as real runs in
-the image (tests/validate_controls.py). Plus the checks on hand-made records and the
+the image (testbed/validate_controls.py). Plus the checks on hand-made records and the
 ``dladdr`` helper that says which libmpi a process really uses."""
 
 from __future__ import annotations
