@@ -1,6 +1,7 @@
 """Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env;
-and the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
-under run-tests.sh a skip fails unless it is a limit of the machine."""
+the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
+under run-tests.sh a skip fails unless it is a limit of the machine; and the fast tier's
+mark (tests/fast_tier.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _TESTBED = str(Path(__file__).resolve().parent.parent / "testbed")
 if _TESTBED not in sys.path:
     sys.path.insert(0, _TESTBED)
 
+from fast_tier import pytest_collection_modifyitems  # noqa: E402,F401
 from rigenv import IMPI_ROOT, LOOPBACK, REPO, VENV_BIN, base_env, run  # noqa: E402,F401
 from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: E402,F401
                          pytest_sessionstart)

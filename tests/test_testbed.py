@@ -1,11 +1,13 @@
 """The test bed (testbed/) stands apart: bench/ and testbed/ import nothing from tests/ and do
 not put tests/ on sys.path, testbed/ stays out of the wheel, and its scripts start from any
-working directory. Each check has its control."""
+working directory; and the fast tier's list (tests/fast_tier.py) names tests that exist and
+no test marked as slow work. Each check has its control."""
 
 from __future__ import annotations
 
 import ast
 import configparser
+import re
 import sys
 from pathlib import Path
 
@@ -97,3 +99,47 @@ def test_testbed_scripts_start_from_any_directory(script, tmp_path):
                  cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
+
+
+# -- the fast tier (tests/fast_tier.py) ------------------------------------------------------
+
+def test_every_fast_entry_names_a_test_that_exists():
+    import fast_tier
+
+    missing = []
+    for entry in sorted(fast_tier.FAST):
+        name, _, test = entry.partition("::")
+        path = TESTS / name
+        if not path.is_file():
+            missing.append(entry)
+        elif test and not re.search(rf"^def {re.escape(test)}\(", path.read_text(), re.M):
+            missing.append(entry)
+    assert missing == [], missing
+    assert fast_tier.is_fast("tests/test_abi.py::test_lookups")           # the control: read
+    assert not fast_tier.is_fast("tests/test_faults.py::test_killed_rank_ends_the_job_promptly"
+                                 "_and_is_named")
+
+
+def _tier_run(tmp_path: Path, entries: set[str]):
+    (tmp_path / "conftest.py").write_text(
+        "import fast_tier\n"
+        f"fast_tier.FAST = frozenset({sorted(entries)!r})\n"
+        "from fast_tier import pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    fast: f\n    mpi: m\n")
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.mpi\ndef test_ranks():\n    pass\n"
+        "@pytest.mark.parametrize('n', [1, 2])\ndef test_unit(n):\n    pass\n")
+    return run([sys.executable, "-m", "pytest", "-m", "fast", "-q", "-p", "no:cacheprovider",
+                str(tmp_path)], base_env(PYTHONPATH=str(TESTS)), timeout=120, cwd=tmp_path)
+
+
+def test_the_fast_mark_follows_the_list_and_refuses_slow_work(tmp_path):
+    """A listed test runs under -m fast with every parametrisation, the others are
+    deselected; the control: a listed test marked mpi stops the session and is named."""
+    listed = _tier_run(tmp_path, {"test_x.py::test_unit"})
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "2 passed, 1 deselected" in listed.stdout, listed.stdout
+    whole = _tier_run(tmp_path, {"test_x.py"})
+    assert whole.returncode != 0
+    assert "test_x.py::test_ranks (mpi)" in whole.stdout + whole.stderr, whole.stdout
