@@ -19,7 +19,7 @@ from common import loopback_env, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAM = REPO / "tests" / "programs" / "dp_equivalence.py"
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "testbed"))
 
 import dp_updates  # noqa: E402  (the suite's reading and comparison of the updates)
 

@@ -5,7 +5,7 @@
 1. ``hpcai-launch tune`` on this host (3DGAN, batch 4 per rank; compute, buckets, memory,
    shared-memory and TCP allreduce): its JSON is kept beside ``--out`` as ``tune-<host>.json``
    (``tune-<rest>.json`` for an ``--out`` named ``predict_vs_slurm-<rest>.json``).
-2. A private Slurm (tests/localcluster.py) with 4 fake nodes of this one host; the network
+2. A private Slurm (testbed/localcluster.py) with 4 fake nodes of this one host; the network
    between fake nodes is measured there: ``hpcai.perf.probe`` under ``srun -N 2`` (one rank
    per node, TCP as the cluster sets ``OMPI_MCA_btl=self,tcp``), alpha-beta fitted to it.
    The same probe on 4 nodes is recorded too (not used: 4 ranks on 2 cores).
@@ -38,7 +38,7 @@ from pathlib import Path
 from common import gan_data, loopback_env, provenance
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "testbed"))
 BATCH = 4
 SIZES = "1024,8192,65536,524288,4194304"
 UNSET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",

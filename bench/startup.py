@@ -38,17 +38,17 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "testbed"))
 
+from fakeimages import startup_image as _image  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
 from startup_trace import Places, parse  # noqa: E402
-from test_startup import _image  # noqa: E402
 
 from common import alternating_order, provenance  # noqa: E402
 from hpcai.launcher.job.site import DEFAULT_METADATA_OPS_PER_S, SiteProfile  # noqa: E402
 
 OLD_COMMIT = "5583ab8"        # main before plan-once-per-job (issue 18)
-TRACE = str(REPO / "tests" / "startup_trace.py")
+TRACE = str(REPO / "testbed" / "startup_trace.py")
 MODEL_RANKS = (3072, 24576)
 TARGETS = {"shared_calls_per_rank": 20, "wrapper_cpu_ms_per_rank": 50}
 NODES, PER_NODE, MPIRUN_RANKS = 4, 4, 4

@@ -1,5 +1,5 @@
 """Repeatability of ``hpcai-launch validate``: the healthy set-up 20 times, each negative
-control 5 times, every run real (the controls are in ``tests/validate_controls.py``).
+control 5 times, every run real (the controls are in ``testbed/validate_controls.py``).
 
 Goal: 20/20 OK, and 5/5 FAIL naming its cause for every control. The runs are interleaved
 (a round of each scenario, then the next round), so load from other work on the machine falls
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "testbed"))
 
 from validate_controls import CONTROLS, HEALTHY, missing, run_scenario  # noqa: E402
 

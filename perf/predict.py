@@ -9,7 +9,7 @@
 The compute model and the shared-memory link come from ``tune``'s measurements; the network
 from the site profile's ``[network]`` table, the command line, or (``--tune-network``) the
 TCP link tune measured on this host. ``shared-host``: the nodes are fake nodes of this one
-host (tests/localcluster.py); each places its ranks on the host's real topology, so rank k
+host (testbed/localcluster.py); each places its ranks on the host's real topology, so rank k
 of every node is bound to the same cores (n nodes: n times the compute per core), and every
 rank, even within a node, talks through the network transport (that cluster sets
 ``OMPI_MCA_btl=self,tcp``).

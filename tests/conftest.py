@@ -1,38 +1,29 @@
 """Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env;
-and the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
-under run-tests.sh a skip fails unless it is a limit of the machine."""
+the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
+under run-tests.sh a skip fails unless it is a limit of the machine; and the fast tier's
+mark (tests/fast_tier.py)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: F401
+# The test bed (the private Slurm, the Apptainer rig, the netns nodes, the tracing and job
+# helpers) lives in the repository's testbed/, shared with bench/; its modules import by name.
+_TESTBED = str(Path(__file__).resolve().parent.parent / "testbed")
+if _TESTBED not in sys.path:
+    sys.path.insert(0, _TESTBED)
+
+from fast_tier import pytest_collection_modifyitems  # noqa: E402,F401
+from rigenv import IMPI_ROOT, LOOPBACK, REPO, VENV_BIN, base_env, run  # noqa: E402,F401
+from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: E402,F401
                          pytest_sessionstart)
-
-REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
-# Intel MPI (impi-rt): where scripts/env.sh points I_MPI_ROOT, else the venv's opt/impi-rt
-IMPI_ROOT = Path(os.environ.get("I_MPI_ROOT", VENV_BIN.parent / "opt" / "impi-rt"))
-LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
-            "UCX_NET_DEVICES": "lo"}
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    """Environment for launching ranks in tests: venv first on PATH, MPI on loopback."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI4PY_", "HPCAI_"))}
-    env.update(LOOPBACK)
-    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', os.defpath)}"
-    env.update(extra)
-    return env
 
 
 def blocked_env(shim: Path, *modules: str) -> dict[str, str]:
@@ -118,9 +109,3 @@ def mpi(request) -> MpiUnderTest:
     if request.param not in FLAVOURS:
         pytest.skip(f"{request.param} is not installed (run scripts/install.sh)")
     return FLAVOURS[request.param]
-
-
-def run(argv: list[str], env: dict[str, str], timeout: float = 120,
-        cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, check=False)

@@ -40,9 +40,9 @@ MACHINE_LIMITS = (
     "needs gcc on x86_64",
     # tests/test_mpi_launch.py: the suite itself runs inside a hydra (MPICH/Intel MPI) job
     "unexpected hydra env",
-    # tests/apptainer_rig.py: Apptainer comes from Debian sid's mirror, out of reach
+    # testbed/apptainer_rig.py: Apptainer comes from Debian sid's mirror, out of reach
     "the Apptainer rig cannot be built here: the Debian mirror is out of reach",
-    # tests/apptainer_rig.py: not root, and no rig was built before
+    # testbed/apptainer_rig.py: not root, and no rig was built before
     "building the Apptainer rig needs root",
     # tests/test_netns.py, test_lrz.py: the kernel or sandbox gives no network namespaces
     "no network namespaces here:",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FLAVOURS, run
+from fakeimages import fake_image as _fake_image
 from rankcheck import assert_one_world, load_ranks
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
 
@@ -61,16 +62,6 @@ def test_dry_run_shows_checks_and_bound_libraries(image, tmp_path):
     staged = Path(plan["argv"][plan["argv"].index("--host-libs") + 1])
     assert (staged / "lib" / "libmpi.so.40").is_file()
     assert (staged / "lib" / "libmpi.so.40").stat().st_mode & 0o222 == 0   # read-only copy
-
-
-def _fake_image(root: Path, family: str, soname: str) -> Path:
-    (root / "opt" / "hpcai" / "host").mkdir(parents=True)
-    (root / "usr" / "bin").mkdir(parents=True)
-    (root / "usr" / "bin" / "python3").write_text("")
-    (root / "usr" / "bin" / "python3").chmod(0o755)
-    (root / "opt" / "hpcai" / "manifest.json").write_text(json.dumps(
-        {"glibc": "2.36", "mpi": {"family": family, "soname": soname, "abis": [family]}}))
-    return root
 
 
 def test_a_job_without_user_gives_ch_run_the_uids_name(image, tmp_path):

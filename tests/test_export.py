@@ -55,12 +55,28 @@ def _excess(session: ort.InferenceSession, net: torch.nn.Module, x: np.ndarray) 
     return float(np.max(np.abs(got - expected))) / (ATOL + RTOL * float(np.max(np.abs(expected))))
 
 
+RESNET50 = ("resnet50", "--samples", "2", "--batch-size", "2", "--image-size", "64")
+
+
+@pytest.fixture(scope="module")
+def checkpoint_of(tmp_path_factory):
+    """:func:`_checkpoint` once per set of training arguments in this module (the tests
+    only read the checkpoint)."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def get(*train_args: str) -> Path:
+        if train_args not in made:
+            made[train_args] = _checkpoint(tmp_path_factory.mktemp("ckpt"), *train_args)
+        return made[train_args]
+    return get
+
+
 @pytest.mark.parametrize("model,args", [
     ("3dgan", ("3dgan", "--generate", "8", "--batch-size", "2")),
-    ("resnet50", ("resnet50", "--samples", "2", "--batch-size", "2", "--image-size", "64")),
+    ("resnet50", RESNET50),
 ])
-def test_export_matches_the_framework(model, args, tmp_path):
-    ckpt = _checkpoint(tmp_path, *args)
+def test_export_matches_the_framework(model, args, checkpoint_of, tmp_path):
+    ckpt = checkpoint_of(*args)
     onnx_file = tmp_path / f"{model}.onnx"
     result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", model, "--out",
                   str(onnx_file)], base_env(), timeout=300)
@@ -79,12 +95,11 @@ def test_export_matches_the_framework(model, args, tmp_path):
         assert control > 10, f"batch {len(x)}: the perturbed model passes ({control:.3g})"
 
 
-def test_export_bad_input(tmp_path):
-    ckpt = _checkpoint(tmp_path, "resnet-tiny", "--samples", "8", "--batch-size", "4",
-                       "--image-size", "32", "--classes", "10")
+def test_export_bad_input(checkpoint_of, tmp_path):
+    ckpt = checkpoint_of(*RESNET50)       # the checkpoint of the test above
     wrong = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan"], base_env())
-    assert wrong.returncode == 2 and "is of model 'resnet-tiny'" in wrong.stderr
-    assert "hint: use --model resnet-tiny" in wrong.stderr
+    assert wrong.returncode == 2 and "is of model 'resnet50'" in wrong.stderr
+    assert "hint: use --model resnet50" in wrong.stderr
     other = tmp_path / "keras.weights.h5"
     other.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
     foreign = run(["hpcai-launch", "export-onnx", str(other), "--model", "3dgan"], base_env())

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -548,10 +547,9 @@ def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["learning.py", "--seeds", "2,1,3", "--jobs", "2",
                                       "--workdir", str(tmp_path)])
     fail = True
-    begun = time.monotonic()
     with pytest.raises(SystemExit, match="seed 2: training exited 124"):
         learning.main()
-    assert time.monotonic() - begun < 30 and stopped == [1] and sorted(started) == [1, 2]
+    assert stopped == [1] and sorted(started) == [1, 2]   # seed 1 saw stop (else 60 s, [])
     assert "seeds [3] not started, seeds [1] stopped at a checkpoint" in capsys.readouterr().out
 
     fail, started[:], stopped[:] = False, [], []

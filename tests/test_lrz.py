@@ -5,11 +5,11 @@ SuperMUC-NG ran 3DGAN this way (``tests/golden/sbatch-lrz-768nodes.sh``). Here t
 script is rendered by ``hpcai-launch sbatch`` with the LRZ site profile
 (``tests/data/site-lrz.toml``) reduced to what exists on this machine (no /lrz/sys, no
 Omni-Path: Intel MPI's default libfabric provider instead of psm2; 2 cores per node) and
-run on the private Slurm, 2 fake nodes with addresses of their own (tests/netns.py) x 2
+run on the private Slurm, 2 fake nodes with addresses of their own (testbed/netns.py) x 2
 ranks. hpcai-launch finds Slurm's libpmi2 on the host, stages a read-only copy with the
 host Intel MPI (impi-rt) and points ``I_MPI_PMI_LIBRARY`` at it inside the container. The
 job trains a few 3DGAN steps, every rank prints which libmpi and libpmi it mapped
-(``programs/rank_report``), then ``hpcai-launch validate`` runs with the same options.
+(``testbed/rank_report``), then ``hpcai-launch validate`` runs with the same options.
 """
 
 from __future__ import annotations

@@ -321,7 +321,15 @@ def test_generator_step_leaves_discriminator_untouched():
     assert any(not torch.equal(a, b) for a, b in zip(g_before, G.parameters()))
 
 
-def test_gan_iteration():
+@pytest.fixture(scope="module")
+def default_iteration() -> dict:
+    """The losses of one iteration of fresh models with [CERN]'s weights (run once, shared:
+    the reference of the reproducibility check and the control of the weights' test)."""
+    G, D, opt_g, opt_d, x, e = _fresh()
+    return gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng(40))
+
+
+def test_gan_iteration(default_iteration):
     G, D, opt_g, opt_d, x, e = _fresh()
     g0 = [p.detach().clone() for p in G.parameters()]
     d0 = [p.detach().clone() for p in D.parameters()]
@@ -352,12 +360,11 @@ def test_gan_iteration():
     for a, b in zip(d_after_d_steps, D.parameters()):
         assert torch.equal(a, b)
 
-    # reproducible: same seeds, same losses
-    G2, D2, opt_g2, opt_d2, x2, e2 = _fresh()
-    assert gan3d.gan_iteration(G2, D2, opt_g2, opt_d2, x2, e2, rng(40)) == losses
+    # reproducible: same seeds, same losses (another run of fresh models)
+    assert default_iteration == losses
 
 
-def test_gan_iteration_loss_weights():
+def test_gan_iteration_loss_weights(default_iteration):
     """--loss-weights reach all four losses: every total is the given weights times its
     parts; the control, the same iteration with [CERN]'s weights, gives other totals."""
     weights = (8.0, 0.2, 1.0)
@@ -367,8 +374,7 @@ def test_gan_iteration_loss_weights():
         parts = [losses[f"{key}_{part}"] for part in ("bce", "aux", "ecal")]
         assert losses[key] == pytest.approx(sum(w * p for w, p in zip(weights, parts)),
                                             rel=1e-5), key
-    G2, D2, opt_g2, opt_d2, x2, e2 = _fresh()
-    default = gan3d.gan_iteration(G2, D2, opt_g2, opt_d2, x2, e2, rng(40))
+    default = default_iteration
     assert default["d_real_ecal"] == losses["d_real_ecal"] == 0   # ecal(x) is the sum of x
     assert default["d_fake_ecal"] == losses["d_fake_ecal"] > 0      # the same parts, and
     assert default["d_fake"] != pytest.approx(losses["d_fake"], rel=1e-3)   # other totals

@@ -1,4 +1,4 @@
-"""Fake nodes with addresses of their own (``LocalCluster(netns=True)``, tests/netns.py).
+"""Fake nodes with addresses of their own (``LocalCluster(netns=True)``, testbed/netns.py).
 
 Each node is a network + UTS namespace with its own IP on a private bridge, its host name
 is the node name, and node names resolve (a hosts file bound over /etc/hosts inside the

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,18 +48,15 @@ def test_a_rank_that_fails_before_mpi_ends_the_job(name, how, tmp_path):
     args, status = HOW[how]
     out = tmp_path / "out"
     out.mkdir()
-    begun = time.monotonic()
     try:
         result = subprocess.run(
             ["hpcai-launch", "-N", "2", "--mpi", flavour, "--mpirun", launcher, "--",
              sys.executable, PROGRAM, str(out), "--mpi", *args], env=base_env(**extra),
-            capture_output=True, text=True, timeout=120)
-        took = time.monotonic() - begun
+            capture_output=True, text=True, timeout=120)   # rank 0 waits in MPI for ever
     finally:
         left = end_left(pid_files(out), wait_s=10)
     text = result.stdout + result.stderr
     assert result.returncode == status, text[-3000:]
-    assert took < 60, (took, text[-3000:])
     assert "rank 1: failing before MPI" in text
     assert len(pid_files(out)) == 2 and not left, (left, text[-3000:])
     said = f"error: rank 1 of 2 on {HOST}: python" in text and "aborts the job" in text
@@ -85,8 +81,8 @@ def test_control_bare_hydra_leaves_the_other_ranks_waiting(name, how, tmp_path):
                              *HOW[how][0]], env=base_env(**extra), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        try:
-            proc.wait(timeout=10)
+        try:    # rank 0 sleeps 600 s: a launcher that waits is still there after 10 s
+            proc.wait(timeout=60 if BARE_ENDS[how][name] else 10)
         except subprocess.TimeoutExpired:
             pass
         ended = proc.poll() is not None

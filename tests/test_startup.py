@@ -24,23 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import base_env, run
+from conftest import REPO, base_env, run
+from fakeimages import startup_image as _image
 from localcluster import LocalCluster, missing_programs
 from startup_trace import Places, parse
-from test_containers import _fake_image
 
-TRACE = str(Path(__file__).with_name("startup_trace.py"))
+TRACE = str(REPO / "testbed" / "startup_trace.py")
 LIBDIRS = ("/usr/lib", "/lib", "/usr/lib64", "/lib64")
-
-
-def _image(root: Path) -> Path:
-    """An Open MPI image that passes every pre-flight check (ch-run is faked: the trace
-    ends where the wrapper execs it)."""
-    image = _fake_image(root, "openmpi", "libmpi.so.40")
-    helper = image / "usr/lib/python3/dist-packages/hpcai/launcher/readonly.py"
-    helper.parent.mkdir(parents=True)
-    helper.write_text("")
-    return image
 
 
 def _fake_runtime(tmp: Path) -> str:

@@ -163,7 +163,7 @@ class NodeNetwork:
             self._in(name, ip, "addr", "add", f"{self.addresses[name]}/{prefixlen}", "dev",
                      NODE_IF)
             self._in(name, ip, "link", "set", NODE_IF, "up")
-        lines = ["# written by tests/netns.py, bound over /etc/hosts inside the test's "
+        lines = ["# written by testbed/netns.py, bound over /etc/hosts inside the test's "
                  "namespaces only", "127.0.0.1 localhost", "::1 localhost ip6-localhost",
                  f"{self.controller_address} {CONTROLLER}",
                  *(f"{addr} {name}" for name, addr in self.addresses.items())]

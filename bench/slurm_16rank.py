@@ -6,7 +6,7 @@ all on this machine and 127.0.0.1), runs ``hpcai-launch sweep --nodes 4 --ranks-
 --repeat 5`` of a short ResNet training (the ranks share this machine's 2 cores:
 ``--oversubscribe``), and counts the points that finished. Stops the daemons.
 
-    python tests/slurm_16rank_bench.py [--repeat 5]
+    python bench/slurm_16rank.py [--repeat 5]
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from localcluster import LocalCluster
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "testbed"))
+
+from localcluster import LocalCluster  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", default="bench/results/slurm_16rank.json")
+    parser.add_argument("--json", default=str(REPO / "bench" / "results" / "slurm_16rank.json"))
     args = parser.parse_args()
     json_path = Path(args.json).resolve()
     venv_bin = os.path.dirname(sys.executable)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from conftest import base_env, run
+from rigenv import base_env, run
 
 
 def train(ranks: int, *args: str, env: dict | None = None, timeout: float = 300):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from rigenv import REPO
 
 SCRIPT = REPO / "scripts" / "build-apptainer-rig.sh"
 CACHE = Path(os.environ.get("HPCAI_CACHE") or Path.home() / ".cache" / "hpcai")

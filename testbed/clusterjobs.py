@@ -1,5 +1,5 @@
 """Commands and batch jobs on a LocalCluster, for tests: a clean env, timeouts, job waits,
-and the per-rank lines of ``programs/rank_report`` (what each rank really ran on).
+and the per-rank lines of ``testbed/rank_report`` (what each rank really ran on).
 
 Nothing here sets ``MASTER_ADDR``: variables that would change what hpcai-launch derives
 (:data:`UNSET`) are removed from every command's environment.
@@ -21,7 +21,7 @@ import pytest
 from localcluster import LocalCluster
 
 VENV_BIN = os.path.dirname(sys.executable)     # the venv running pytest holds hpcai-launch
-RANK_REPORT = Path(__file__).parent / "programs" / "rank_report"
+RANK_REPORT = Path(__file__).parent / "rank_report"
 # Variables from the caller's shell that would change what hpcai-launch plans.
 UNSET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
          "LOCAL_WORLD_SIZE", "NODE_RANK", "MPI4PY_MPIABI", "HPCAI_RANKS_PER_NODE",

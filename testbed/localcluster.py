@@ -11,7 +11,7 @@ namespaces). Three shapes:
   ``slurmd -N nX`` on this same machine (``task/none``: nobody but the program binds);
 - ``LocalCluster(fake_nodes=K, netns=True)``: the same nodes, each in network and UTS
   namespaces of its own with its own address on a private bridge, host name = node name,
-  node names resolving to those addresses (``tests/netns.py``); slurmctld and every client
+  node names resolving to those addresses (``testbed/netns.py``); slurmctld and every client
   command run in the bridge's namespace (:meth:`LocalCluster.run` enters it), MPI is pinned
   to the bridge's subnet instead of loopback.
 
@@ -21,7 +21,7 @@ On exit it stops exactly the processes it started, by PID, and removes the direc
 
 From a shell::
 
-    python tests/localcluster.py --nodes 2 [--netns]
+    python testbed/localcluster.py --nodes 2 [--netns]
     # prints: export SLURM_CONF=/tmp/hpcai-slurm-.../slurm.conf ; waits for Ctrl-C
 """
 
@@ -273,7 +273,7 @@ class LocalCluster:
         ctld_port, *node_ports = free_ports(n_ports)
         cpus = self.cpus_per_node or len(os.sched_getaffinity(0))
         lines = [
-            "# written by tests/localcluster.py; removed when the cluster stops",
+            "# written by testbed/localcluster.py; removed when the cluster stops",
             "ClusterName=hpcai-local",
             f"SlurmctldHost={self._controller()}",
             f"SlurmctldPort={ctld_port}",
@@ -480,7 +480,7 @@ class LocalCluster:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python tests/localcluster.py",
+        prog="python testbed/localcluster.py",
         description="Start a private Slurm cluster on this machine until Ctrl-C.")
     parser.add_argument("--nodes", type=int, default=0,
                         help="fake nodes n1..nK on this machine (default 0: the real node)")

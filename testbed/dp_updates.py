@@ -1,4 +1,4 @@
-"""Reading and comparing the weight updates that ``programs/dp_equivalence.py`` saves: shared
+"""Reading and comparing the weight updates that ``tests/programs/dp_equivalence.py`` saves: shared
 by ``test_engine.py`` (the CPU, in the suite) and ``bench/gpu_equivalence.py`` (a GPU)."""
 
 from __future__ import annotations

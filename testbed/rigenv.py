@@ -1,0 +1,32 @@
+"""Where the repository and the venv are, and the environment a test bed starts ranks in:
+the venv first on PATH, MPI on loopback, no job or hpcai variables from the caller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+# Intel MPI (impi-rt): where scripts/env.sh points I_MPI_ROOT, else the venv's opt/impi-rt
+IMPI_ROOT = Path(os.environ.get("I_MPI_ROOT", VENV_BIN.parent / "opt" / "impi-rt"))
+LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+            "UCX_NET_DEVICES": "lo"}
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """Environment for launching ranks in tests: venv first on PATH, MPI on loopback."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI4PY_", "HPCAI_"))}
+    env.update(LOOPBACK)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', os.defpath)}"
+    env.update(extra)
+    return env
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 120,
+        cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, check=False)
