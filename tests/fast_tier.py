@@ -12,6 +12,16 @@ from __future__ import annotations
 import pytest
 
 FAST = frozenset({
+    "test_gpus.py",
+    "test_import_graph.py",
+    "test_results_size.py",
+    "test_gpu_driver.py::test_gather_lists_the_compute_files_devices_and_binary",
+    "test_gpu_driver.py::test_no_driver_is_not_an_error",
+    "test_gpu_driver.py::test_a_driver_library_of_another_version_than_the_module_is_refused",
+    "test_gpu_driver.py::test_cuda_runtime_versions_are_read_from_the_real_wheels",
+    "test_gpu_driver.py::test_an_image_needing_a_newer_driver_is_refused",
+    "test_gpu_driver.py::test_probe_without_a_driver_fails",
+    "test_gpu_driver.py::test_probe_passes_in_the_drivers_libcuda_and_fails_in_a_stub",
     "test_abi.py",
     "test_averaging.py::test_standing_statistics_are_the_mean_over_the_batches_for_these_weights",
     "test_averaging.py::test_the_average_is_the_normalised_exponential_average_of_the_steps",

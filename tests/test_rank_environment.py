@@ -141,7 +141,7 @@ def test_open_mpi_by_its_path_without_noprefix_is_not_the_users_environment(shel
 def test_open_mpi_plans_keep_the_users_paths():
     """The plan's part: Open MPI's mpirun gets --noprefix (started by its absolute path it
     acts as if given --prefix); the Hydra launchers keep the environment without a flag."""
-    from hpcai.launcher import abi
+    from hpcai.launcher.mpi import abi
 
     assert abi.OPENMPI.keep_env_flags == ("--noprefix",)
     assert abi.MPICH.keep_env_flags == abi.INTEL.keep_env_flags == ()
