@@ -161,7 +161,8 @@ def expect(options: Options, ns: argparse.Namespace) -> Expectation:
     roots = tuple(dict.fromkeys([HOST_MOUNT, prefix, *(b.target for b in binds)]))
     return Expectation(world=world, host=facts.hostname,
                        cpus={r.local_rank: parse_cpulist(r.cpus) for r in plan.ranks},
-                       libmpi_prefix=prefix, unbound=None if container.staged else (
+                       libmpi_prefix=prefix, unbound=None if any(
+                           lib.role == "mpi" for lib in container.libs) else (
                            "--no-bind-host-mpi" if options.bind_host_mpi is False
                            else "no host MPI was found"),
                        host_roots=roots, topology=plan.topology)
@@ -205,7 +206,7 @@ class Launch:
 def bare(options: Options) -> Options:
     """The same launch on the host, without the container and what only it uses."""
     return replace(options, container=None, runtime="none", site=None, binds=(),
-                   host_libs=None, bind_host_mpi=None)
+                   host_libs=None, bind_host_mpi=None, gpu_driver="auto")
 
 
 def launch(options: Options, side: str, out: Path) -> Launch:
