@@ -62,7 +62,7 @@ def fake_driver(root: Path, lib_version: str = "580.159.03",
     for node in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null"):
         (root / "dev" / node).touch()
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
-    (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
+    shutil.copy("/bin/true", root / "usr/bin/nvidia-smi")     # an ELF program, as the real one
     if module:
         (root / "proc/driver/nvidia").mkdir(parents=True)
         (root / "proc/driver/nvidia/version").write_text(

@@ -266,7 +266,8 @@ def check_read_only(facts: ContainerFacts, binds: list[Bind]) -> None:
                     "read-only",
                     "rebuild the image with charliecloud/build-image.sh (it installs hpcai), "
                     "or bind them read-write: SRC:DST:rw in --bind and the site profile, "
-                    "--no-bind-host-mpi for the host libraries")
+                    "--no-bind-host-mpi for the host libraries" + (
+                        " and --gpu-driver off for the GPU driver" if facts.driver else ""))
 
 
 def parse_bind(text: str, read_only_default: bool) -> Bind:
