@@ -36,6 +36,7 @@ int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
 int cuDeviceGetName(char *s, int n, int d) { (void)d; strncpy(s, "Fake H200", n); return 0; }
 int cuDeviceGetUuid(unsigned char *u, int d) { (void)d; for (int i = 0; i < 16; i++) u[i] = i; return 0; }
+int cuDeviceGetPCIBusId(char *s, int n, int d) { (void)d; strncpy(s, "00000000:3B:00.0", n); return 0; }
 """
 
 
