@@ -78,7 +78,10 @@ class ProbeRecord:
     gpu: dict | None = None                  # with --gpu: gpucheck.RankGpu, as a dict
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        data = asdict(self)
+        if data["gpu"] is None:      # without --gpu: the record older readers know
+            del data["gpu"]
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "probe record") -> "ProbeRecord":
