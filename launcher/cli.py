@@ -145,7 +145,7 @@ def make_parser() -> Parser:
                       "(default: when a container is used and a host MPI is found)")
     cont.add_argument("--no-bind-host-mpi", dest="bind_host_mpi", action="store_false")
     cont.add_argument("--host-libs", help=argparse.SUPPRESS)  # staged by the outer launcher
-    add_arguments(cont, "site", "binds")
+    add_arguments(cont, "site", "binds", "gpu_driver")
     out = p.add_argument_group("output")
     out.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     out.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
@@ -185,7 +185,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                       container=ns.container, runtime=ns.runtime,
                       bind_host_mpi=ns.bind_host_mpi, host_libs=ns.host_libs, site=ns.site,
                       binds=tuple(ns.bind), gpus=ns.gpus, gpu_visible=ns.gpu_visible,
-                      share_gpus=ns.share_gpus)
+                      share_gpus=ns.share_gpus,
+                      gpu_driver=ns.gpu_driver or "auto")
     return options, ns
 
 
@@ -236,6 +237,9 @@ def _check_container_options(ns: argparse.Namespace, given: set[str]) -> None:
     if ns.bind_host_mpi is not None:
         flag = "--bind-host-mpi" if ns.bind_host_mpi else "--no-bind-host-mpi"
         raise UserError(f"{flag} with {bare}: it only applies to a container", hint)
+    if ns.gpu_driver is not None:
+        raise UserError(f"--gpu-driver {ns.gpu_driver} with {bare}: it only applies to a "
+                        "container (a bare run uses the host's driver as it is)", hint)
     if ns.container is None and "runtime" in given and ns.runtime != "none":
         raise UserError(f"--runtime {ns.runtime} with no --container: there is no image to "
                         "run", hint)

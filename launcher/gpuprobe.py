@@ -41,6 +41,7 @@ class GpuProbe:
     uuid: str | None            # GPU-xxxxxxxx-xxxx-..., as nvidia-smi -L writes it
     nccl: str | None            # "2.27.3", where a libnccl.so.2 loaded
     visible: str | None         # CUDA_VISIBLE_DEVICES as this process saw it
+    pci_bus_id: str | None = None   # the first device's, "0000:3b:00.0" (where sysfs has it)
 
 
 def _uuid_text(raw: bytes) -> str:
@@ -77,7 +78,7 @@ def probe(libcuda: str = "libcuda.so.1", nccl: str = "libnccl.so.2") -> GpuProbe
         return GpuProbe(None, None, str(exc), None, 0, None, None, nccl_version(nccl), visible)
     where = _defining_file(cuda, "cuInit")
     status = cuda.cuInit(0)
-    api, count, name, uuid = ctypes.c_int(), ctypes.c_int(), None, None
+    api, count, name, uuid, bus = ctypes.c_int(), ctypes.c_int(), None, None, None
     cuda.cuDriverGetVersion(ctypes.byref(api))
     if status == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value:
         device = ctypes.c_int()
@@ -89,8 +90,11 @@ def probe(libcuda: str = "libcuda.so.1", nccl: str = "libnccl.so.2") -> GpuProbe
             get_uuid = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
             if get_uuid(raw, device) == 0:
                 uuid = _uuid_text(raw.raw)
+            get_bus = getattr(cuda, "cuDeviceGetPCIBusId", None)
+            if get_bus is not None and get_bus(buf, 256, device) == 0:
+                bus = buf.value.decode().lower()
     return GpuProbe(where, status, None, api.value or None, count.value, name, uuid,
-                    nccl_version(nccl), visible)
+                    nccl_version(nccl), visible, bus)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 world with an allreduce, and prints (and writes ``DIR/rank-R.json``) the rank, world size,
 host, PID, CPU affinity, thread env, the MPI library version, the file that really defines
 ``MPI_Init`` and the fabric libraries the MPI loaded (both by ``dladdr``, see
-:mod:`.libmpi`). A rank whose file already exists (two processes with the same rank: a
+:mod:`.libmpi`); with ``--gpu`` also the rank's GPU and driver (:mod:`.gpucheck`). A rank whose file already exists (two processes with the same rank: a
 singleton world, or a reused directory) writes ``rank-R.pid-P.json`` instead, so duplicates
 show. ``--bench`` adds a ping-pong at :data:`PINGPONG_SIZES` between rank 0 and a partner
 (the first rank on another host, else rank 1), each size for at most
@@ -15,6 +15,7 @@ demo and the test workload.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -74,9 +75,13 @@ class ProbeRecord:
     pingpong: tuple[PingPong, ...] | None = None   # rank 0 with --bench
     partner: int | None = None               # the rank rank 0 ping-ponged with
     schema: int = PROBE_SCHEMA
+    gpu: dict | None = None                  # with --gpu: gpucheck.RankGpu, as a dict
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        data = asdict(self)
+        if data["gpu"] is None:      # without --gpu: the record older readers know
+            del data["gpu"]
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "probe record") -> "ProbeRecord":
@@ -173,6 +178,9 @@ def _probe(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--bench", action="store_true",
                         help="also measure ping-pong latency and bandwidth")
+    parser.add_argument("--gpu", action="store_true",
+                        help="also probe the CUDA driver and the rank's GPU (see gpucheck)")
+    parser.add_argument("--sysfs", default="/sys", help=argparse.SUPPRESS)   # tests' fakes
     args = parser.parse_args(argv)
 
     from mpi4py import MPI
@@ -184,6 +192,14 @@ def _probe(argv: list[str]) -> int:
     partner = next((r for r, h in enumerate(hosts) if h != hosts[0]), 1)
     bench = pingpong(comm, partner) if args.bench and size > 1 else None
     affinity = os.sched_getaffinity(0)
+    gpu = None
+    if args.gpu:
+        from dataclasses import replace
+        from . import gpucheck
+        found = gpucheck.rank_gpu(affinity, args.sysfs)
+        gbs, note = gpucheck.nccl_allreduce(comm, found, hosts[rank]) if size > 1 else (
+            None, "not measured: one rank")
+        gpu = asdict(replace(found, allreduce_gbs=gbs, allreduce_note=note))
     libmpi = libmpi_path()
     record = ProbeRecord(
         rank=rank, size=size, allreduce_ok=total == size * (size - 1) // 2,
@@ -194,7 +210,7 @@ def _probe(argv: list[str]) -> int:
         .splitlines()[0],
         libmpi=(libmpi,) if libmpi else (), fabric=loaded_fabric(),
         pingpong=bench if rank == 0 else None,
-        partner=partner if bench is not None else None)
+        partner=partner if bench is not None else None, gpu=gpu)
     if args.out:
         _write(Path(args.out), record)
     if not args.quiet:

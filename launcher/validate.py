@@ -3,6 +3,7 @@ on the host's MPI, bound as planned, at the host's speed.
 
     hpcai-launch validate --container IMG [launch options] [--trials 5] [--max-trials 15]
                           [--threshold 0.8] [--json FILE] [--expect-libmpi PREFIX]
+                          [--nccl-floor GB/s]
 
 The launch options make a plan, as for any launch; ``validate`` runs that job shape with
 ``python3 -m hpcai.launcher.probe --bench`` in the container and bare on the host, and
@@ -19,6 +20,12 @@ checks the container's ranks against the plan:
   mount or another bind), not from the image;
 - **binding**: every rank runs on its planned CPU set (the plan's, on this host; the
   per-rank plan ``HPCAI_CPUS`` on other hosts);
+- **GPU** (:mod:`.gpucheck`): per rank the GPU's UUID, the libcuda that defines ``cuInit``
+  (it must be the host driver's ``libcuda.so.<kernel module version>`` from a host path: an
+  image's stub fails), the NCCL version, a GPU on another NUMA node than the rank's CPUs
+  (fails), and where a node has two or more GPUs an NCCL allreduce's bus bandwidth against
+  ``--nccl-floor`` (torch with CUDA only; else "not measured"). Without a GPU the section
+  says "no GPU" and fails nothing;
 - **speed**: a ping-pong between rank 0 and its partner at 8 B, 64 KiB and 4 MiB, the two
   sides alternated (C B, B C, C B, ...) over ``--trials`` launches each (at least 5). A
   trial's figure is its best sample (a sample times a batch of round trips; other jobs on a
@@ -75,6 +82,7 @@ from typing import Callable
 from ..core.cli import Parser
 from ..core.errors import UserError
 from .container.containers import HOST_MOUNT
+from .gpucheck import DEFAULT_NCCL_FLOOR_GBS, GpuExpectation, RankGpu
 from .planning.facts import gather_facts
 from .node.hosts import parse_hosts
 from .planning.options import Options
@@ -88,7 +96,7 @@ MIN_TRIALS = 5
 EXTEND_FACTOR = 3               # --max-trials defaults to this many times --trials
 EXIT_OK, EXIT_FAIL, EXIT_UNVERIFIED = 0, 1, 3
 LAUNCH_TIMEOUT_S = 300
-PROBE = ("-m", "hpcai.launcher.probe", "--bench", "--quiet")
+PROBE = ("-m", "hpcai.launcher.probe", "--bench", "--quiet", "--gpu")
 _ERROR_LINE = r"^\w*(Error|Exception)\b|^error:|cannot open shared object|no end after"
 
 
@@ -105,6 +113,8 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--expect-libmpi", default=None,
                         help=f"path prefix every rank's libmpi must have (default: the site "
                              f"profile's expected_libmpi, else {HOST_MOUNT})")
+    parser.add_argument("--nccl-floor", type=float, default=DEFAULT_NCCL_FLOOR_GBS,
+                        help="GPU nodes: NCCL allreduce bus bandwidth floor, GB/s")
     parser.add_argument("-h", "--help", action="store_true")
     ns, rest = parser.parse_known_args(argv)
     if ns.help:
@@ -137,6 +147,7 @@ class Expectation:
     unbound: str | None                     # why the plan binds no host MPI (None: it does)
     host_roots: tuple[str, ...]             # container paths that hold host files
     topology: str
+    gpu: GpuExpectation = GpuExpectation(False, None)
 
 
 def expect(options: Options, ns: argparse.Namespace) -> Expectation:
@@ -161,10 +172,22 @@ def expect(options: Options, ns: argparse.Namespace) -> Expectation:
     roots = tuple(dict.fromkeys([HOST_MOUNT, prefix, *(b.target for b in binds)]))
     return Expectation(world=world, host=facts.hostname,
                        cpus={r.local_rank: parse_cpulist(r.cpus) for r in plan.ranks},
-                       libmpi_prefix=prefix, unbound=None if container.staged else (
+                       libmpi_prefix=prefix, unbound=None if any(
+                           lib.role == "mpi" for lib in container.libs) else (
                            "--no-bind-host-mpi" if options.bind_host_mpi is False
                            else "no host MPI was found"),
-                       host_roots=roots, topology=plan.topology)
+                       host_roots=roots, topology=plan.topology,
+                       gpu=gpu_expectation(container, ns))
+
+
+def gpu_expectation(container, ns: argparse.Namespace) -> GpuExpectation:
+    """Whether the plan binds the host's NVIDIA driver, and its kernel module's version
+    (this host's, where none is bound)."""
+    from .container import nvdriver
+    driver = container.driver
+    module = driver.module_version if driver else nvdriver.module_version(Path("/"))
+    return GpuExpectation(driver is not None, module,
+                          getattr(ns, "nccl_floor", DEFAULT_NCCL_FLOOR_GBS))
 
 
 def planned_world(plan: LaunchPlan, options: Options, env: dict[str, str]) -> int | None:
@@ -205,7 +228,7 @@ class Launch:
 def bare(options: Options) -> Options:
     """The same launch on the host, without the container and what only it uses."""
     return replace(options, container=None, runtime="none", site=None, binds=(),
-                   host_libs=None, bind_host_mpi=None)
+                   host_libs=None, bind_host_mpi=None, gpu_driver="auto")
 
 
 def launch(options: Options, side: str, out: Path) -> Launch:
@@ -534,10 +557,18 @@ def _unsettled(out: Outcome, threshold: float) -> bool:
     return bool(split)
 
 
+def check_gpu(run: Launch, want: Expectation) -> tuple[list[str], list[str]]:
+    """The GPU section (:mod:`.gpucheck`): report lines and problems."""
+    from . import gpucheck
+    ranks = [(r.rank, r.host, RankGpu.from_dict(r.gpu) if r.gpu else None)
+             for r in run.records]
+    return gpucheck.check(ranks, want.gpu, lambda path: _from_host(path, want))
+
+
 def _check_container(run: Launch, want: Expectation, trial: int) -> list[str]:
     problems = check_world(run, want)
     if trial == 0 and run.records:
-        problems += check_mpi(run, want) + check_cpus(run, want)
+        problems += check_mpi(run, want) + check_cpus(run, want) + check_gpu(run, want)[1]
     if not problems and run.rank0 is None:
         problems.append(f"no ping-pong from the container; {run.failure()}")
     return [f"trial {trial + 1}: {p}" if trial else p for p in problems]
@@ -624,6 +655,8 @@ def main(argv: list[str],
     if outcome.container and outcome.container[0].records:
         print("in the container (trial 1):")
         print(table(outcome.container[0].records, want))
+    if outcome.container and outcome.container[0].records:
+        print("\n".join(check_gpu(outcome.container[0], want)[0]))
     if outcome.sizes:
         print(f"ping-pong, median of {outcome.trials_run} trials per side "
               f"(floor {ns.threshold:.2f}):")

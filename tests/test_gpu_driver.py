@@ -36,6 +36,7 @@ int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
 int cuDeviceGetName(char *s, int n, int d) { (void)d; strncpy(s, "Fake H200", n); return 0; }
 int cuDeviceGetUuid(unsigned char *u, int d) { (void)d; for (int i = 0; i < 16; i++) u[i] = i; return 0; }
+int cuDeviceGetPCIBusId(char *s, int n, int d) { (void)d; strncpy(s, "00000000:3B:00.0", n); return 0; }
 """
 
 
@@ -62,7 +63,7 @@ def fake_driver(root: Path, lib_version: str = "580.159.03",
     for node in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null"):
         (root / "dev" / node).touch()
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
-    (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
+    shutil.copy("/bin/true", root / "usr/bin/nvidia-smi")     # an ELF program, as the real one
     if module:
         (root / "proc/driver/nvidia").mkdir(parents=True)
         (root / "proc/driver/nvidia/version").write_text(

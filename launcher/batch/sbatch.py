@@ -70,6 +70,7 @@ class JobSpec:
     launcher: str = "srun"              # or "mpiexec" (site profile)
     pmi: str | None = None
     oversubscribe: bool = False         # passed to the per-rank hpcai-launch
+    gpu_driver: str = "auto"            # passed to the per-rank hpcai-launch
     extra_directives: tuple[str, ...] = field(default=())
     setup_lines: tuple[str, ...] = field(default=())   # e.g. "source /path/env.sh"
     plan_first: bool = True             # srun: plan the step once on the batch host
@@ -114,7 +115,7 @@ def wrapper_argv(spec: JobSpec) -> list[str]:
     command = job_command(spec.command)
     options = Options(command=tuple(command), threads_per_rank=spec.threads_per_rank,
                       mpi=spec.mpi, oversubscribe=spec.oversubscribe, runtime=spec.runtime,
-                      site=spec.site_path, binds=spec.binds)
+                      site=spec.site_path, binds=spec.binds, gpu_driver=spec.gpu_driver)
     per_rank = options.for_ranks(spec.ranks_per_node, container=spec.container,
                                  runtime=spec.runtime, host_libs=None)
     if spec.container:   # each node's wrapper finds and stages the host MPI itself
@@ -226,7 +227,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--account")
     p.add_argument("--job-name", default="hpcai")
     p.add_argument("--signal", default=DEFAULT_SIGNAL)
-    add_arguments(p, "mpi", "container", "runtime", "site", "binds", "oversubscribe")
+    add_arguments(p, "mpi", "container", "runtime", "site", "binds", "oversubscribe",
+                  "gpu_driver")
     p.add_argument("--setup", action="append", default=[],
                    help="shell line to run before srun (e.g. 'source env.sh'); repeatable")
 
@@ -315,7 +317,8 @@ def spec_from_args(ns: argparse.Namespace, command: list[str], **overrides) -> J
                   mpi=detect_mpi(ns.mpi, site),
                   container=ns.container, runtime=ns.runtime, site=site, site_path=ns.site,
                   binds=tuple(ns.bind), launcher=launcher, setup_lines=tuple(ns.setup),
-                  oversubscribe=ns.oversubscribe)
+                  oversubscribe=ns.oversubscribe,
+                  gpu_driver=getattr(ns, "gpu_driver", None) or "auto")
     values.update(overrides)
     return JobSpec(**values)
 

@@ -7,6 +7,12 @@ in a content-addressed cache directory, bound read-only at ``/opt/hpcai/host``).
 hpcai-launch does this once and hands the staged directory to the ranks (``--host-libs``).
 ``spec`` refuses a read-only bind that the runtime cannot make read-only (Charliecloud with
 an image that lacks the helper of :mod:`.readonly`).
+
+The host's NVIDIA driver (``--gpu-driver auto|on|off``; auto: when :func:`.nvdriver.gather`
+finds one) is checked by :func:`.preflight.check_gpu_driver` and staged with the other host
+libraries (:func:`.hostlibs.driver_files`), also when no host MPI is bound; ``spec`` binds
+its ``/dev/nvidia*`` nodes where the runtime does not bind the host's ``/dev``. The driver is
+read under ``driver_root`` (``/``; ``HPCAI_DRIVER_ROOT`` in the tests' fake driver trees).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..mpi import abi, hostmpi, mpis
-from . import consumers, containers, hostlibs, matrix, preflight
+from . import consumers, containers, hostlibs, matrix, nvdriver, preflight
 from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
 from ...core.errors import UserError
 from ..job.site import SiteProfile
@@ -40,10 +46,22 @@ class ContainerFacts:
     copied: bool = True                  # False: --dry-run, ``staged`` not made
     runtime_env: tuple[tuple[str, str], ...] = ()   # what the runtime needs and the job's
                                                     # environment lacks (USER, from the uid)
+    driver: nvdriver.Driver | None = None   # the host's NVIDIA driver, when it is bound
+    driver_root: str = "/"                  # where ``driver``'s files are on this host
+    driver_why: str = ""                    # why it is bound (or why not, with a driver)
+
+    def device_binds(self) -> tuple[Bind, ...]:
+        """The driver's /dev/nvidia* nodes, where the runtime does not bind the host's /dev
+        (read-write: a GPU is opened for writing)."""
+        if self.driver is None or containers.get_runtime(self.runtime).binds_host_dev:
+            return ()
+        root = Path(self.driver_root)
+        return tuple(Bind(str(root / dev.lstrip("/")), dev, read_only=False)
+                     for dev in self.driver.devices)
 
     def to_dict(self) -> dict:
         host = self.host_mpi
-        return {
+        out = {
             "runtime": self.runtime, "binary": self.binary, "image": self.image,
             "host_mpi": None if host is None else {
                 "family": host.family, "name": host.name, "version": host.version,
@@ -52,6 +70,11 @@ class ContainerFacts:
             "bound_libraries": [f"{lib.name} <- {lib.path}" for lib in self.libs],
             "checks": list(self.checks),
         }
+        if self.driver is not None:
+            out["gpu_driver"] = {**self.driver.to_dict(), "why": self.driver_why,
+                                 "device_binds": [f"{b.source}:{b.target}"
+                                                  for b in self.device_binds()]}
+        return out
 
 
 _FROM_THE_UID = {"USER": lambda: pwd.getpwuid(os.getuid()).pw_name}
@@ -68,10 +91,12 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
            site: SiteProfile | None, env: dict[str, str], launcher: str | None,
            srun_pmi: str | None, cache_dir: str, in_rank: bool,
            family: str | None = None, command: str | None = None,
-           stage: bool = True, argv: tuple[str, ...] = ()) -> ContainerFacts:
+           stage: bool = True, argv: tuple[str, ...] = (), gpu_driver: str = "auto",
+           driver_root: str = "/") -> ContainerFacts:
     """All container facts, checked. Raises UserError on the first problem. ``stage``:
     copy the host libraries into the cache (False for ``--dry-run``: only name the place).
-    ``argv`` (the command) says which of the image's MPI consumers it uses (:mod:`.matrix`)."""
+    ``argv`` (the command) says which of the image's MPI consumers it uses (:mod:`.matrix`).
+    ``gpu_driver``/``driver_root``: whether and from where the NVIDIA driver is bound."""
     checks: list[str] = []
     needs = runtime_env(runtime, env)
     binary = containers.find_binary(containers.get_runtime(runtime), env.get("PATH"))
@@ -87,17 +112,38 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         if not Path(host_libs).is_dir():
             raise UserError(f"--host-libs {host_libs} does not exist",
                             "let hpcai-launch start the ranks, or leave --host-libs out")
+        driver, why = choose_driver(gpu_driver, driver_root)
         return ContainerFacts(runtime, binary, image, info, None, host_libs,
                               tuple(staged_libs(Path(host_libs))), site, tuple(checks),
-                              has_command=found, has_helper=has_helper, runtime_env=needs)
+                              has_command=found, has_helper=has_helper, runtime_env=needs,
+                              driver=driver, driver_root=driver_root, driver_why=why)
+    driver, why = choose_driver(gpu_driver, driver_root)
+    driver_libs: list | None = [] if gpu_driver != "off" else None
+    if driver is not None:
+        checks.append(f"GPU driver: {why}")
+        checks.extend(f"GPU driver: {note}" for note in
+                      preflight.check_gpu_driver(driver, image))
+        driver_libs, left_out = hostlibs.driver_files(driver)
+        checks.extend(f"GPU driver: {note}" for note in left_out)
+    gpu = dict(driver=driver, driver_root=driver_root, driver_why=why)
     if family is None and launcher is None:   # a rank started by srun: its PMI tells
         implied = abi.family_for_pmi(env.get("SLURM_MPI_TYPE", ""))
         family = implied.name if implied else None
     host = hostmpi.find_host_mpi(env, launcher, require=family)
     if bind_host_mpi is False or (bind_host_mpi is None and host is None):
         checks.append("host MPI not bound" + ("" if host else ": none found"))
-        return ContainerFacts(runtime, binary, image, info, host, None, (), site, tuple(checks),
-                              has_command=found, has_helper=has_helper, runtime_env=needs)
+        staged, libs = None, []
+        if driver is not None:        # the driver (and the site's NCCL) alone
+            libs = hostlibs.collect(None, _search_dirs(env), set(info.sonames), site,
+                                    driver=driver_libs)
+            if info.glibc:
+                preflight.check_glibc(libs, info.glibc)
+            cache = Path(cache_dir).expanduser()
+            staged = str(hostlibs.stage(libs, cache) if stage
+                         else hostlibs.stage_dir(libs, cache))
+        return ContainerFacts(runtime, binary, image, info, host, staged,
+                              tuple(libs), site, tuple(checks), has_command=found,
+                              has_helper=has_helper, copied=stage, runtime_env=needs, **gpu)
     if host is None:
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
@@ -112,7 +158,7 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         preflight.check_abi(host, info.mpi_family, info.mpi_soname)
         checks.append(f"ABI: host {host.family} = image {info.mpi_family or 'none'}")
     search = _search_dirs(env)
-    libs = hostlibs.collect(host, search, set(info.sonames), site)
+    libs = hostlibs.collect(host, search, set(info.sonames), site, driver=driver_libs)
     plugin = srun_pmi or (pmi.step_plugin(env) if in_rank else None)
     libs += _pmi_library(host.name, plugin, env, site, checks)
     if info.glibc:
@@ -126,7 +172,26 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     staged = str(hostlibs.stage(libs, cache) if stage else hostlibs.stage_dir(libs, cache))
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
                           tuple(checks), has_command=found, has_helper=has_helper,
-                          copied=stage, runtime_env=needs)
+                          copied=stage, runtime_env=needs, **gpu)
+
+
+def choose_driver(gpu_driver: str, root: str) -> tuple[nvdriver.Driver | None, str]:
+    """The driver to bind (None: none) and why. ``on`` without a driver is a UserError."""
+    if gpu_driver == "off":
+        return None, "--gpu-driver off"
+    driver = nvdriver.gather(root)
+    where = "" if root == "/" else f" under {root}"
+    if not driver.present:
+        if gpu_driver == "on":
+            raise UserError(f"--gpu-driver on, but this host has no NVIDIA driver{where} (no "
+                            "/proc/driver/nvidia/version, no libcuda.so.<version> in "
+                            f"{', '.join('/' + d for d in nvdriver.LIB_DIRS[:3])})",
+                            "run on a GPU node, load the driver, or leave out --gpu-driver")
+        return None, ""
+    how = "--gpu-driver on" if gpu_driver == "on" else "--gpu-driver auto: the host has one"
+    module = driver.module_version or "not loaded"
+    return driver, (f"{how}{where}; kernel module {module}, {len(driver.libs)} compute "
+                    f"libraries, {len(driver.devices)} device node(s)")
 
 
 def _decide(host, needed: list, image: str, env: dict[str, str], site: SiteProfile | None,
@@ -177,6 +242,7 @@ def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
     if facts.staged:
         binds.append(Bind(facts.staged, HOST_MOUNT, read_only=True))
     binds.append(Bind(cwd, WORK_MOUNT, read_only=False))
+    binds.extend(facts.device_binds())
     for text in facts.site.binds if facts.site else ():
         binds.append(parse_bind(text, read_only_default=True))    # site: host trees
     for text in extra_binds:
@@ -200,7 +266,8 @@ def check_read_only(facts: ContainerFacts, binds: list[Bind]) -> None:
                     "read-only",
                     "rebuild the image with charliecloud/build-image.sh (it installs hpcai), "
                     "or bind them read-write: SRC:DST:rw in --bind and the site profile, "
-                    "--no-bind-host-mpi for the host libraries")
+                    "--no-bind-host-mpi for the host libraries" + (
+                        " and --gpu-driver off for the GPU driver" if facts.driver else ""))
 
 
 def parse_bind(text: str, read_only_default: bool) -> Bind:
@@ -237,7 +304,7 @@ def staged_libs(staged: Path) -> list:
     lib = staged / "lib"
     found = []
     for path in sorted(lib.rglob("*")):
-        if path.is_file():
+        if path.is_file() and not path.is_symlink():      # links: a driver's sonames
             rel = path.relative_to(lib)
             subdir = str(rel.parent) if str(rel.parent) != "." else ""
             role = "mpi" if not subdir and abi.family_of_soname(path.name) else "dependency"

@@ -9,9 +9,12 @@ the runtime must carry that environment into the container:
   ``ch-run -b`` binds read-write (0.31 here; the source up to 0.39~pre has no read-only bind
   either), so read-only binds are remounted read-only inside the container by
   :mod:`.readonly`, run by the image's ``python3`` between ``IMG --`` and the command.
+  ch-run bind-mounts the host's whole ``/dev``, so the GPUs' ``/dev/nvidia*`` are there.
 - Singularity/Apptainer imports most of the environment but not ``LD_LIBRARY_PATH``, and
   ``--containall`` would wipe ``SLURM_*``/``PMI_*``; so library paths go in as ``--env`` and
-  ``--containall`` is never used. Read-only binds carry ``:ro``.
+  ``--containall`` is never used. Read-only binds carry ``:ro``. Its ``/dev`` is the
+  host's only under ``mount dev = yes`` in the site's configuration (``minimal`` is common),
+  so the GPUs' ``/dev/nvidia*`` nodes are bound one by one, as ``--nv`` does.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Runtime:
     before_command: tuple[str, ...]     # between the image and the command
     read_only_helper: str | None = None  # else: a module the image's python3 runs first
     needs_env: tuple[str, ...] = ()     # the runtime refuses to start without them
+    binds_host_dev: bool = False        # the container's /dev is the host's whole /dev
 
     def bind_args(self, bind: Bind) -> list[str]:
         suffix = self.read_only_suffix if bind.read_only and self.read_only_suffix else ""
@@ -85,7 +89,8 @@ RUNTIMES = {r.name: r for r in (
             exec_args=(), join_args=("--join-ct={n}", "--join-tag={tag}"), bind_flag="-b",
             read_only_suffix=None, env_flag=None, explicit_env=(), workdir_flag="-c",
             before_command=("--",), read_only_helper="hpcai.launcher.readonly",
-            needs_env=("USER",)),   # ch-run: "error: $USER not set"
+            needs_env=("USER",),    # ch-run: "error: $USER not set"
+            binds_host_dev=True),   # ch-run bind-mounts the host's /dev recursively
     Runtime("singularity", ("singularity", "apptainer"),
             "install Apptainer or SingularityCE (https://apptainer.org/docs/admin/main/"
             "installation.html; Debian 12 packages neither) or load the site's module, so "

@@ -9,8 +9,10 @@ plugin-directory variables of :func:`binding_env`. Finding the host MPI is
 
 - :func:`collect` gathers the libmpi (and its own pieces), the fabric and accelerator
   libraries with their provider plugins (:data:`FABRIC_LIBS`, :data:`ACCELERATOR_LIBS`), the
-  site's extra libraries, and the transitive ``DT_NEEDED`` closure of all of them, minus the
-  glibc family and whatever the image already has.
+  host's NVIDIA driver (:func:`driver_files`: its compute libraries under their real names
+  with the sonames as links, and ``nvidia-smi`` in ``bin/``), the site's NCCL and its network
+  plugin, the site's extra libraries, and the transitive ``DT_NEEDED`` closure of all of
+  them, minus the glibc family and whatever the image already has.
 - :func:`stage` makes the directory; :func:`binding_env` says how the ranks find it.
 """
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from ..mpi import abi, elf
 from ...core.errors import UserError
 from ..mpi.abi import PluginSpec
+from . import nvdriver
 from ..mpi.hostmpi import HostMpi
 from ..job.site import SiteProfile
 
@@ -56,10 +59,15 @@ class LibFile:
     name: str               # exposed name: the soname when there is one, else the basename
     role: str               # "mpi" | "fabric" | "accelerator" | "dependency" | "site"
     subdir: str = ""        # "" or a plugin directory: "libfabric", "ucx", "libibverbs", ...
+    aliases: tuple[str, ...] = ()   # more names, staged as links to it (a driver's soname)
 
     @property
     def relpath(self) -> str:
         return f"{self.subdir}/{self.name}" if self.subdir else self.name
+
+    def relpaths(self) -> tuple[str, ...]:
+        folder = f"{self.subdir}/" if self.subdir else ""
+        return (self.relpath, *(folder + a for a in self.aliases))
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,33 @@ ACCELERATOR_LIBS: tuple[LibSpec, ...] = (
     LibSpec("libcuda.so.1", "accelerator"),
     LibSpec("libnvidia-ml.so.1", "accelerator"),
 )
+# Of these, the driver's own (left out with ``--gpu-driver off``).
+DRIVER_SONAMES = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})
+BIN_SUBDIR = "bin"      # staged programs (nvidia-smi): lib/bin/, mode 0555
+_NCCL_NET = re.compile(r"libnccl-net-([\w.-]+?)\.so")
+
+
+def driver_files(driver: nvdriver.Driver) -> tuple[list[LibFile], list[str]]:
+    """The driver's files to stage, and notes on what is left out.
+
+    Each compute library is staged under its real name (``libcuda.so.580.159.03``: the
+    name that proves whose driver a process loaded, see :mod:`..gpuprobe`) with its soname
+    as a link (the ELF's, where the file has one of its own base name, else
+    ``nvdriver``'s); ``nvidia-smi`` and its siblings go in ``bin/`` (ELF programs only)."""
+    files, notes = [], []
+    for f in driver.libs:
+        base = f.name.split(".so")[0]
+        soname = _exposed_name(f.path)
+        soname = soname if soname.startswith(base + ".so") else f.name
+        real = os.path.basename(f.path)
+        files.append(LibFile(os.path.realpath(f.path), real, "accelerator",
+                             aliases=(soname,) if soname != real else ()))
+    for b in driver.binaries:
+        if elf.ident(b.path) is None:
+            notes.append(f"{b.path} is not an ELF program: not bound")
+            continue
+        files.append(LibFile(os.path.realpath(b.path), b.name, "accelerator", BIN_SUBDIR))
+    return files, notes
 
 
 # --- collecting ----------------------------------------------------------------------------
@@ -133,12 +168,14 @@ class _Collector:
     def has(self, relpath: str) -> bool:
         return relpath in self.where
 
-    def add(self, found: str, name: str, role: str, subdir: str = "") -> bool:
-        lib = LibFile(os.path.realpath(found), name, role, subdir)
-        if self.has(lib.relpath):
+    def add(self, found: str, name: str, role: str, subdir: str = "",
+            aliases: tuple[str, ...] = ()) -> bool:
+        lib = LibFile(os.path.realpath(found), name, role, subdir, aliases)
+        if any(self.has(rel) for rel in lib.relpaths()):
             return False
         self.libs.append(lib)
-        self.where[lib.relpath] = found
+        for rel in lib.relpaths():
+            self.where[rel] = found
         return True
 
     def add_plugins(self, spec: PluginSpec, lib_path: str, env: dict[str, str],
@@ -170,7 +207,10 @@ class _Collector:
         while queue:
             lib = queue.popleft()
             found = self.where[lib.relpath]
-            info = elf.read_elf(lib.path)
+            try:
+                info = elf.read_elf(lib.path)
+            except ValueError:      # a program staged in bin/ that is not ELF: nothing needed
+                continue
             like = elf.ident(lib.path)
             origins = _unique([os.path.dirname(found), os.path.dirname(lib.path)])
             own = _unique([d for o in origins for d in _expand(info.search_path, o)])
@@ -224,31 +264,48 @@ def search_path(host: HostMpi, search_dirs: list[str], site: SiteProfile | None 
                     *(site.search_dirs if site else ()), *search_dirs])
 
 
-def collect(host: HostMpi, search_dirs: list[str], image_sonames: set[str],
-            site: SiteProfile | None, *, env: dict[str, str] | None = None) -> list[LibFile]:
+def collect(host: HostMpi | None, search_dirs: list[str], image_sonames: set[str],
+            site: SiteProfile | None, *, env: dict[str, str] | None = None,
+            driver: list[LibFile] | None = ()) -> list[LibFile]:
     """Every host library to bind, in a deterministic order.
 
     The libmpi (and its family's compat names: ``libmpi.so.12`` for Debian's
-    ``libmpich.so.12``), the family's own libraries and components (Open MPI's), the fabric
-    and accelerator libraries found on the search path with their plugins, the site's
-    libraries, then the ``DT_NEEDED`` closure of all of them,
-    resolved through each file's RUNPATH/RPATH and the search path. The closure leaves out
-    the glibc family and every name in ``image_sonames``; the libraries named above are bound
-    even when the image has its own (that is the point). ``env`` (the host's) is read for
-    ``FI_PROVIDER_PATH`` and the bundled-fabric switch (``I_MPI_OFI_LIBRARY_INTERNAL``) only.
+    ``libmpich.so.12``), the family's own libraries and components (Open MPI's), the
+    driver's files (``driver``, from :func:`driver_files`), the site's NCCL and its network
+    plugin (``nccl`` in the profile), the fabric and accelerator libraries found on the
+    search path with their plugins, the site's libraries, then the ``DT_NEEDED`` closure of
+    all of them, resolved through each file's RUNPATH/RPATH and the search path. The closure
+    leaves out the glibc family and every name in ``image_sonames``; the libraries named
+    above are bound even when the image has its own (that is the point). ``env`` (the
+    host's) is read for ``FI_PROVIDER_PATH`` and the bundled-fabric switch
+    (``I_MPI_OFI_LIBRARY_INTERNAL``) only.
+
+    ``host`` None (no host MPI bound): only the driver, the site's NCCL and their closure.
+    ``driver`` None: the driver is not bound, and of :data:`ACCELERATOR_LIBS` only NCCL is
+    looked for (``--gpu-driver off``); empty (the default): no driver found, the search
+    path's ``libcuda.so.1`` and ``libnvidia-ml.so.1`` are bound where there are any.
     """
     env = env or {}
-    dirs = search_path(host, search_dirs, site, env)
+    dirs = search_path(host, search_dirs, site, env) if host else [*(
+        site.search_dirs if site else ()), *search_dirs]
     c = _Collector(dirs, image_sonames)
-    site_libs = list(site.libraries) if site else []
-    for path in site_libs:
-        if not os.path.isfile(path):
-            raise UserError(f"site profile {site.path or site.name} lists library {path}, "
-                            "which does not exist on this host",
-                            "fix the profile's 'libraries' list, or load the module that "
-                            "provides it")
+    site_libs = list(site.libraries) if site and host else []
+    for key, paths in (("libraries", site_libs), ("nccl", list(site.nccl) if site else [])):
+        for path in paths:
+            if not os.path.isfile(path):
+                raise UserError(f"site profile {site.path or site.name} lists {key} {path}, "
+                                "which does not exist on this host",
+                                f"fix the profile's {key!r} list, or load the module that "
+                                "provides it")
     site_named = [(p, _exposed_name(p)) for p in site_libs]
     c.claimed = {name for _, name in site_named}
+    for lib in driver or ():
+        c.add(lib.path, lib.name, lib.role, lib.subdir, lib.aliases)
+    for path in site.nccl if site else ():
+        c.add(path, _exposed_name(path), "accelerator")
+    if host is None:
+        c.close()
+        return c.libs
 
     family = abi.FAMILIES[host.family]
     c.add(host.libmpi, host.soname, "mpi")
@@ -261,7 +318,9 @@ def collect(host: HostMpi, search_dirs: list[str], image_sonames: set[str],
             c.add(found, name, "mpi")
     for spec in family.components:
         c.add_plugins(spec, os.path.join(host.libdir, host.soname), env, "mpi")
-    for spec in (*FABRIC_LIBS, *ACCELERATOR_LIBS):
+    accelerators = [s for s in ACCELERATOR_LIBS
+                    if driver is not None or s.soname not in DRIVER_SONAMES]
+    for spec in (*FABRIC_LIBS, *accelerators):
         c.add_spec(spec, dirs, env)
     for path, name in site_named:
         c.add(path, name, "site")
@@ -278,9 +337,12 @@ def _exposed_name(path: str) -> str:
 
 def missing_dependencies(libs: list[LibFile], image_sonames: set[str]) -> list[tuple[str, str]]:
     """(library, needed name) pairs that neither the staged set nor the image provides."""
-    provided = {lib.name for lib in libs if not lib.subdir} | set(image_sonames)
+    provided = {name for lib in libs if not lib.subdir for name in (lib.name, *lib.aliases)
+                } | set(image_sonames)
     out = []
     for lib in libs:
+        if lib.subdir == BIN_SUBDIR:
+            continue
         for needed in elf.read_elf(lib.path).needed:
             if not is_glibc_family(needed) and needed not in provided:
                 out.append((lib.relpath, needed))
@@ -294,7 +356,8 @@ def stage_key(libs: list[LibFile]) -> str:
     rows = []
     for lib in libs:
         st = os.stat(lib.path)
-        rows.append([lib.relpath, lib.path, st.st_size, st.st_mtime_ns])
+        rows.append([lib.relpath, lib.path, st.st_size, st.st_mtime_ns,
+                     *([list(lib.aliases)] if lib.aliases else [])])
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:20]
 
 
@@ -305,7 +368,8 @@ def stage_dir(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
 
 def stage(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
     """The staged directory ``<cache_root>/hostlibs/<key>``; the libraries are in its
-    ``lib/`` (plugins in ``lib/<subdir>/``), each under its exposed name.
+    ``lib/`` (plugins in ``lib/<subdir>/``), each under its exposed name, its aliases as
+    relative links to it.
 
     Files are copies (mode 0444), never hard links: a hard link would share its inode with
     the host's real library, so a write to the cache would reach it. The directory is built
@@ -328,7 +392,9 @@ def stage(libs: list[LibFile], cache_root: str | os.PathLike) -> Path:
             target = lib_dir / lib.relpath
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(lib.path, target)
-            os.chmod(target, 0o444)
+            os.chmod(target, 0o555 if lib.subdir == BIN_SUBDIR else 0o444)
+            for alias in lib.aliases:
+                (target.parent / alias).symlink_to(lib.name)
         try:
             os.rename(tmp, final)
         except OSError as exc:
@@ -362,6 +428,11 @@ def binding_env(mount_point: str, libs: list[LibFile]) -> dict[str, str]:
         # rdma-core loads an absolute driver name as NAME-rdmavNN.so (its own suffix)
         env["RDMAV_DRIVERS"] = ":".join(f"{lib}/libibverbs/{_VERBS_SUFFIX.sub('', n)}"
                                         for n in verbs)
+    plugins = [m.group(1) for x in libs if not x.subdir
+               for m in [_NCCL_NET.fullmatch(x.name)] if m]
+    if plugins:
+        # NCCL opens libnccl-net.so itself; a plugin of another name by its suffix
+        env["NCCL_NET_PLUGIN"] = plugins[0]
     for x in libs:
         family = abi.family_of_soname(x.name) if x.role == "mpi" and not x.subdir else None
         if family:

@@ -4,7 +4,9 @@
 - :func:`check_image`: the image exists (directory, SquashFS or SIF) and, for a directory,
   has the empty mount point the host libraries are bound at;
 - :func:`check_abi`: host and image MPI are of the same ABI family;
-- :func:`check_glibc`: no bound library needs a newer glibc than the image's.
+- :func:`check_glibc`: no bound library needs a newer glibc than the image's;
+- :func:`check_gpu_driver`: the host's NVIDIA driver libraries are of the kernel module's
+  version, and the image's CUDA runtimes run on that driver (:func:`.nvdriver.check`).
 (srun's PMI plugin is checked in :mod:`hpcai.launcher.mpi.pmi`.)
 
 :func:`read_image` describes an image: from ``IMG/opt/hpcai/manifest.json`` when the image
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from ..mpi import abi, elf
 from ...core.errors import UserError
+from . import nvdriver
 
 MANIFEST = "opt/hpcai/manifest.json"
 # The image is of this machine's architecture: its multiarch directory is ours.
@@ -302,3 +305,15 @@ def check_glibc(libs, image_glibc: tuple[int, int]) -> None:
         "libraries (--no-bind-host-mpi, or drop them from the site profile)")
 
 
+
+
+def check_gpu_driver(driver: nvdriver.Driver, image: str | os.PathLike) -> list[str]:
+    """:func:`.nvdriver.check` of the host's driver against the CUDA runtimes of a directory
+    image (a SquashFS or SIF is not looked into: its runtimes are not checked, and the note
+    says so). UserError on a refusal; else the notes."""
+    if image_kind(image) != "dir":
+        return [*nvdriver.check(driver),
+                f"{image}: not a directory, its CUDA runtimes are not checked"]
+    runtimes = nvdriver.image_cuda_runtimes(image)
+    notes = nvdriver.check(driver, runtimes)
+    return notes if runtimes else [*notes, f"{image}: no CUDA runtime (libcudart) found"]

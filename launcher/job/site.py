@@ -23,6 +23,8 @@ binds = ["/lrz/sys/", "/hppfs/work:/work:rw"]  # extra binds, "SRC[:DST][:ro|:rw
 libraries = ["/usr/lib64/libpsm2.so.2"]      # extra host libraries to bind (staged)
 search_dirs = ["/usr/lib64"]                 # where to resolve host libraries' dependencies
 mpi_prefixes = ["/opt/mpich-5.0.2"]          # MPI installs beyond ldconfig and $I_MPI_ROOT...
+nccl = ["/opt/nccl/lib/libnccl.so.2",        # the host's NCCL and its network plugin, bound
+        "/opt/aws-ofi-nccl/lib/libnccl-net.so"]  # (staged) in place of any on the search path
 
 [env]                                # set inside the container for every rank (strings)
 FI_PROVIDER = "psm2"
@@ -68,6 +70,8 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "libraries": ("list[path]", 'libraries = ["/usr/lib64/libpsm2.so.2"]'),
     "search_dirs": ("list[path]", 'search_dirs = ["/usr/lib64"]'),
     "mpi_prefixes": ("list[path]", 'mpi_prefixes = ["/opt/mpich-5.0.2"]'),
+    "nccl": ("list[path]", 'nccl = ["/opt/nccl/lib/libnccl.so.2", '
+                           '"/opt/aws-ofi-nccl/lib/libnccl-net.so"]'),
     "mpi_launcher": ("launcher", 'mpi_launcher = "srun"'),
     "pmi": ("str", 'pmi = "pmi2"'),
     "expected_libmpi": ("str", 'expected_libmpi = "/lrz/sys/intel/"'),
@@ -103,6 +107,7 @@ class SiteProfile:
     libraries: tuple[str, ...] = ()
     search_dirs: tuple[str, ...] = ()
     mpi_prefixes: tuple[str, ...] = ()
+    nccl: tuple[str, ...] = ()         # the host's libnccl.so.2 and its network plugin
     mpi_launcher: str | None = None
     pmi: str | None = None
     expected_libmpi: str | None = None
@@ -169,7 +174,8 @@ class SiteProfile:
         return {"name": self.name, "path": self.path, "binds": list(self.binds),
                 "env": dict(self.env), "libraries": list(self.libraries),
                 "search_dirs": list(self.search_dirs),
-                "mpi_prefixes": list(self.mpi_prefixes), "mpi_launcher": self.mpi_launcher,
+                "mpi_prefixes": list(self.mpi_prefixes), "nccl": list(self.nccl),
+                "mpi_launcher": self.mpi_launcher,
                 "pmi": self.pmi, "expected_libmpi": self.expected_libmpi,
                 "cores_per_node": self.cores_per_node, "threads_per_core": self.threads_per_core,
                 "memory_per_node_gb": self.memory_per_node_gb,

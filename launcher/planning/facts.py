@@ -110,7 +110,8 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             family=flavours.get(options.mpi).family if options.mpi != "auto" else None,
             srun_pmi=srun_pmi, cache_dir=stage_root,
             in_rank=info is not None, command=options.command[0] if options.command else None,
-            stage=stage, argv=options.command)
+            stage=stage, argv=options.command, gpu_driver=options.gpu_driver,
+            driver_root=env.get("HPCAI_DRIVER_ROOT") or "/")
     kills = srun_kills
     if rank is None and info is not None and info.started_by == "slurm" and info.rank == 0 \
             and info.size > 1:

@@ -19,6 +19,7 @@ from ..mpi.abi import FLAVOURS
 LAUNCHERS = ("auto", "mpirun", "srun")
 RUNTIMES = (*RUNTIME_RECORDS, NO_RUNTIME)
 MPI_CHOICES = ("auto", *FLAVOURS)
+GPU_DRIVER_CHOICES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Options:
     gpu_visible: str | None = None        # "per-rank" or "all"; None: the site's, else
                                           # per-rank
     share_gpus: bool = False
+    gpu_driver: str = "auto"              # bind the host's NVIDIA driver: auto|on|off
 
     def to_argv(self) -> list[str]:
         """``[options...] -- CMD...``: every option that differs from its default, in a
@@ -71,7 +73,8 @@ class Options:
                        host_libs=host_libs if in_container else None,
                        bind_host_mpi=(None if host_libs or not in_container else False),
                        site=self.site if in_container else None,
-                       binds=self.binds if in_container else ())
+                       binds=self.binds if in_container else (),
+                       gpu_driver=self.gpu_driver if in_container else "auto")
 
 
 # Field -> flag, in the order to_argv writes them (the per-rank wrapper's order).
@@ -84,7 +87,7 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("nodes", "--nodes"), ("container", "--container"), ("runtime", "--runtime"),
     ("host_libs", "--host-libs"), ("bind_host_mpi", "--bind-host-mpi"), ("site", "--site"),
     ("binds", "--bind"), ("gpus", "--gpus"), ("gpu_visible", "--gpu-visible"),
-    ("share_gpus", "--share-gpus"),
+    ("share_gpus", "--share-gpus"), ("gpu_driver", "--gpu-driver"),
 )
 _DEFAULTS = {f.name: f.default for f in fields(Options) if f.name != "command"}
 
@@ -109,6 +112,14 @@ ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "site": (("--site",), dict(help="site profile (TOML): extra binds, env, libraries")),
     "binds": (("--bind",), dict(action="append", default=[], metavar="SRC[:DST[:ro]]",
                                 help="extra bind into the container (repeatable)")),
+    "gpu_driver": (("--gpu-driver",), dict(
+        choices=GPU_DRIVER_CHOICES,
+        help="bind the host's NVIDIA driver into the container: its compute libraries "
+             "(libcuda, libnvidia-ml, ... of the kernel module's version) staged read-only "
+             "with the host libraries, nvidia-smi, and the /dev/nvidia* devices where the "
+             "runtime does not bind the host's /dev; refused before any rank starts when a "
+             "library's version differs from the kernel module's or the image's CUDA runtime "
+             "needs a newer driver (default auto: on when the host has a driver)")),
 }
 
 

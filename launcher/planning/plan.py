@@ -151,6 +151,8 @@ class LaunchPlan:
                 lines.append(f"  host libraries {where} {c.staged}, bound read-only at "
                              f"{HOST_MOUNT}:")
                 lines.extend(f"    {lib.name} <- {lib.path}" for lib in c.libs)
+            if c.driver is not None:
+                lines.extend(_driver_lines(c))
             rt = get_runtime(c.runtime)
             lines.append("  env:     " + (
                 f"{', '.join(rt.explicit_env)}: given as {rt.env_flag} NAME=VALUE where "
@@ -181,6 +183,26 @@ def _gpu_text(gpus: GpuPlacement, local_rank: int) -> str:
     slot = gpus.slots[local_rank]
     which = ",".join(map(str, slot.gpus)) or "by Slurm"
     return f" gpu {which} nics {','.join(slot.nics) or '-'} ({slot.why})"
+
+
+def _driver_lines(c: ContainerFacts) -> list[str]:
+    """The host's NVIDIA driver in the container, for ``--dry-run``: what is bound, and why."""
+    lib = f"{HOST_MOUNT}/lib"
+    lines = [f"  GPU driver: {c.driver_why}"]
+    for f in c.libs:
+        if f.role == "accelerator" and f.subdir == "bin":
+            lines.append(f"    {lib}/{f.relpath} <- {f.path} (read-only, staged)")
+        elif f.role == "accelerator" and f.aliases:
+            lines.append(f"    {lib}/{f.name} <- {f.path} (read-only, staged; "
+                         f"{', '.join(f.aliases)} links to it)")
+    devices = c.device_binds()
+    if devices:
+        lines.extend(f"    {b.target} <- {b.source} (device node, bound read-write: "
+                     f"{c.runtime}'s /dev may be minimal)" for b in devices)
+    elif c.driver.devices:
+        lines.append(f"    {', '.join(c.driver.devices)}: in the host's /dev, which "
+                     f"{c.runtime} binds whole")
+    return lines
 
 
 def _quote(arg: str) -> str:
