@@ -173,7 +173,7 @@ def test_physics_json_has_both_generators_and_resume_keeps_the_average(tmp_path)
     straight = tmp_path / "straight"
     result = train(2, *GAN, "--epochs", "2", "--generator-ema", "0.5", "--out", str(straight))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "held out (generator weight average):" in result.stdout
+    assert "| avg: worst sum/E" in result.stdout
     whole = _last(straight)
     assert whole["generator"] == "average"
     (raw,) = whole["others"]
