@@ -58,10 +58,10 @@ def test_the_epoch_line_stays_under_the_limit(big):
     3DGAN with validation, its judge the weight average) and a ResNet50's."""
     gan = record("3dgan", {k: -big for k in GAN_LOSSES}, big, {k: big for k in PHYSICS})
     words = worst_bin(validation([big / 2, 0.0, None, big, -big]))   # 400-500 GeV
-    line = epoch_line(gan, words, "avg")
+    line = epoch_line(gan, ("g", "d_real", "d_fake"), words, "avg")
     assert len(line) < LINE_LIMIT, (len(line), line)
     resnet = record("resnet50", {"loss": -big, "accuracy": -big}, big)
-    line = epoch_line(resnet)
+    line = epoch_line(resnet, ("loss", "accuracy"))
     assert len(line) < LINE_LIMIT, (len(line), line)
     for text in ("epoch 99999:", "samples/s", "% of peak", "loss ", "accuracy "):
         assert text in line
@@ -69,7 +69,8 @@ def test_the_epoch_line_stays_under_the_limit(big):
 
 def test_the_epoch_line_keeps_what_a_person_watches():
     gan = record("3dgan", {k: 0.5 for k in GAN_LOSSES}, 12.5, {k: 0.25 for k in PHYSICS})
-    line = epoch_line(gan, worst_bin(validation([0.05, -0.138, None, 0.1, 0.02])))
+    line = epoch_line(gan, ("g", "d_real", "d_fake"),
+                      worst_bin(validation([0.05, -0.138, None, 0.1, 0.02])))
     assert line == ("epoch 99999: 12.5 s, 12.5 samples/s, 12.5% of peak | g 0.5 d_real 0.5 "
                     "d_fake 0.5 | worst sum/E 100-200 GeV -13.8%")
     # what it leaves to epochs.jsonl
@@ -114,7 +115,7 @@ def test_a_long_epoch_prints_progress_and_report_shows_the_whole_record(tmp_path
     out (the time split, every loss)."""
     out = tmp_path / "run"
     result = train(1, "resnet-tiny", "--image-size", "32", "--classes", "10", "--batch-size",
-                   "1", "--samples", "40", "--epochs", "1", "--peak-gflops", "50",
+                   "2", "--samples", "80", "--epochs", "1", "--peak-gflops", "50",
                    "--eval-samples", "0", "--verify-every", "0", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     progress = [line for line in result.stdout.splitlines() if " step " in line]

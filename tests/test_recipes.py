@@ -115,7 +115,7 @@ def test_a_resumed_run_goes_on_with_its_recipe(tmp_path: Path):
             "--out", str(out)]
     first = train(1, *args, "--epochs", "1", "--recipe", "cern2019")
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "recipe cern2019," in first.stdout
+    assert "recipe cern2019 (--batch-size given)," in first.stdout
     state = torch.load(out / "checkpoints" / "ckpt-E0001-S000000.pt", weights_only=True)
     assert state["config"]["recipe"] == "cern2019"
     resumed = train(1, *args, "--epochs", "2", "--resume")
@@ -126,5 +126,5 @@ def test_a_resumed_run_goes_on_with_its_recipe(tmp_path: Path):
     fresh = tmp_path / "fresh"
     control = train(1, *args[:-1], str(fresh), "--epochs", "1")
     assert control.returncode == 0, control.stderr[-2000:]
-    assert "recipe learning," in control.stdout
+    assert "recipe learning (--batch-size given)," in control.stdout
     assert json.loads((fresh / "epochs.jsonl").read_text())["lr"] == pytest.approx(2e-4)

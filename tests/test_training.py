@@ -35,7 +35,7 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     for line in lines:   # short: the rest is in epochs.jsonl
         assert len(line) < 160 and "% of peak" in line and "worst sum/E" in line, line
         assert "GFLOP/s" not in line and "profile_distance" not in line, line
-    assert "recipe learning," in result.stdout   # the default recipe, said at the start
+    assert "recipe learning (--batch-size given)," in result.stdout   # said at the start
     epochs = records(out)
     assert [r["epoch"] for r in epochs] == [0, 1]
     for line in (out / "epochs.jsonl").read_text().splitlines():   # the typed record reads it

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from .record import EpochRecord
 
 LINE_LIMIT = 160
-MAIN_LOSSES = ("loss", "accuracy", "g", "d_real", "d_fake")   # of the tasks' loss_keys
 PROGRESS_ENV = "HPCAI_PROGRESS_EVERY"   # steps between progress lines (0: none)
 PROGRESS_MIN_STEPS = 20   # shorter epochs print no progress lines by default
 PROGRESS_LINES = 10       # by default about this many lines in a long epoch
@@ -43,11 +42,12 @@ def worst_bin(validation: Validation) -> str:
             f"{100 * b.sampling_fraction_rel_diff:+.3g}%")
 
 
-def epoch_line(r: EpochRecord, physics: str | None = None, judged: str | None = None) -> str:
-    """The console line of one epoch record; ``physics``: the held-out validation's few
-    words (:func:`worst_bin`), if one ran, of the generator ``judged`` names (None: the
-    trained one)."""
-    losses = " ".join(f"{k} {r.losses[k]:.3g}" for k in MAIN_LOSSES if k in r.losses)
+def epoch_line(r: EpochRecord, keys: tuple[str, ...], physics: str | None = None,
+               judged: str | None = None) -> str:
+    """The console line of one epoch record, with the losses named in ``keys`` (the task's
+    ``loss_keys``); ``physics``: the held-out validation's few words (:func:`worst_bin`), if
+    one ran, of the generator ``judged`` names (None: the trained one)."""
+    losses = " ".join(f"{k} {r.losses[k]:.3g}" for k in keys if k in r.losses)
     line = (f"epoch {r.epoch}: {r.epoch_time_s:.4g} s, {r.samples_per_s:.4g} samples/s, "
             f"{r.pct_of_peak:.3g}% of peak")
     if losses:

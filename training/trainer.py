@@ -32,8 +32,8 @@ from .batches import BatchStream, EpochSharder
 from .config import TrainConfig, changed_settings
 from .console import Progress, epoch_line, worst_bin
 from .faults import EXIT_PREEMPTED, Preemption
-from .metrics import provenance
 from .inputs import Checked
+from .metrics import provenance
 from .record import AllreduceTotals, EpochRecord, Peak, Provenance
 from .replicas import verify
 from .schedule import learning_rate
@@ -97,7 +97,8 @@ class Trainer(ABC):
     @abstractmethod
     def _make_task(self):
         """The model as a task: ``train_step(x, y, rng, after_backward)``, ``evaluate(x, y)``
-        (NumPy batches), ``flops_per_sample()``, ``flop_convention``, ``loss_keys``."""
+        (NumPy batches), ``flops_per_sample()``, ``flop_convention``, ``loss_keys`` (the losses
+        the epoch line shows)."""
 
     @abstractmethod
     def _make_reducers(self) -> dict:
@@ -330,8 +331,9 @@ class Trainer(ABC):
             cfg.out_dir.mkdir(parents=True, exist_ok=True)
             if self.note:
                 print(f"hpcai-train: {self.note}", flush=True)
+            recipe = recipes.describe(cfg.recipe, cfg.overrides)
             print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x "
-                  f"{self.threads} thread(s), {recipes.describe(cfg.recipe, cfg.overrides)}batch {cfg.batch_size}/rank, "
+                  f"{self.threads} thread(s), {recipe}batch {cfg.batch_size}/rank, "
                   f"lr {self.target_lr:g} ({cfg.lr_scaling} scaling of {cfg.lr:g}, decay "
                   f"{cfg.lr_decay}), {self.steps} steps/epoch, "
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {cfg.comm}, "
@@ -478,7 +480,7 @@ class Trainer(ABC):
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(record.to_json() + "\n")
-            print(epoch_line(record, physics_words,
+            print(epoch_line(record, self.task.loss_keys, physics_words,
                              "avg" if cfg.generator_ema else None), flush=True)
         self._save(epoch + 1, 0, step_log)
         return False
