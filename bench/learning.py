@@ -296,6 +296,21 @@ def judge(runs: list[dict]) -> dict:
     return {"checks": checks, "passed": all(checks.values())}
 
 
+def rule_at_last(run: dict, last: int = 4) -> list[dict]:
+    """The 15 % rule at each of ``run``'s last ``last`` validations: the epoch, the
+    BatchNorm statistics the generator was judged with (the run's ``generator``), the worst
+    bin's relative difference and whether every bin was within the tolerance."""
+    rows = []
+    for h in run["history"][-last:]:
+        diffs = list(h["sampling_fraction_rel_diff_per_bin"].values())
+        known = [abs(d) for d in diffs if d is not None]
+        rows.append({"epoch": h["epoch"], "statistics": run.get("generator", "raw"),
+                     "worst_bin_rel_diff": round(max(known), 4) if known else None,
+                     "within": bool(diffs) and len(known) == len(diffs)
+                     and max(known) <= SAMPLING_FRACTION_TOLERANCE})
+    return rows
+
+
 def ended_at(run: dict, k: int) -> dict:
     """``run`` as if it had stopped after its validation ``k`` (0-based): history, start,
     middle and end points cut there (``end_bins``, of the real last validation, dropped
@@ -401,6 +416,9 @@ def write(path: Path, args: argparse.Namespace, info: dict, seeds: list[int],
                      "distance_fall": DISTANCE_FALL, "alive_max_empty": ALIVE_EMPTY},
         "verdict": judge(runs),
         "budgets": budgets(runs, steps) if constant_rate(args) else None,
+        "rule_at_last_validations": {str(r["seed"]): rule_at_last(r) for r in runs
+                                     if all("sampling_fraction_rel_diff_per_bin" in h
+                                            for h in r["history"])},
         **control(runs, steps, args),
         "runs": runs}, indent=1) + "\n")
 

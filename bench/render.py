@@ -1,14 +1,14 @@
-"""Render the README's performance tables from the committed result files.
+"""Render the performance tables of README.md and docs/*.md from the committed result files.
 
-Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in
-README.md and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
+Each table sits between ``<!-- results:BENCHMARK -->`` and ``<!-- /results -->`` in one of
+those documents and is made from the newest ``bench/results/BENCHMARK-*.json`` (by provenance
 date): one line per target row (median ratio, min-max, 95 % interval of the median, trials,
 target, verdict; a miss says by how much the median misses), its notes, the settings and the
 file's provenance. The ``learning`` block is made from every ``learning-*.json``, a row per
-seed.
+seed. The ``summary`` block (README.md) is one line per benchmark of ``SUMMARY``.
 
-    python bench/render.py           rewrite README.md
-    python bench/render.py --check   exit 1 when README.md differs from what the files give
+    python bench/render.py           rewrite README.md and docs/*.md
+    python bench/render.py --check   exit 1 when a document differs from what the files give
 """
 
 from __future__ import annotations
@@ -154,6 +154,56 @@ def _learning_table(files: list[tuple[str, dict]]) -> str:
                        f"{_learning_time(data)}, load average "
                        f"{p['load_average_at_start'][0]:.1f} → {p['load_average_at_end'][0]:.1f}")
     lines += ["", "Runs: " + "; ".join(sources) + "."]
+    for name, data in files:
+        lines += _rule_lines(name, data)
+    return "\n".join(lines) + "\n"
+
+
+def _rule_lines(name: str, data: dict) -> list[str]:
+    """The 15 % rule at each seed's last validations and the statistics the exported
+    generator has, where the file records them."""
+    rule = data.get("rule_at_last_validations")
+    if not rule:
+        return []
+    lines = ["", f"`{name}`, the 15 % rule at each seed's last {len(next(iter(rule.values())))} "
+             "validations (worst bin, BatchNorm statistics judged with):", "",
+             "| seed | " + " | ".join(f"validation {i + 1}" for i in
+                                       range(len(next(iter(rule.values()))))) + " |",
+             "|---|" + "---|" * len(next(iter(rule.values())))]
+    for seed, rows in rule.items():
+        lines.append(f"| {seed} | " + " | ".join(
+            f"epoch {r['epoch']}: {r['worst_bin_rel_diff']:.1%}, {r['statistics']}, "
+            f"{'within' if r['within'] else 'not within'}" for r in rows) + " |")
+    exported = data.get("exported_generator")
+    if exported:
+        lines += ["", f"`export-onnx` ships the generator with {exported['batchnorm_statistics']} "
+                  f"BatchNorm statistics: {exported['how']}."]
+    return lines
+
+
+SUMMARY = {   # benchmark: what its rows compare, for the README's one-line summary
+    "training": "GFLOP/s ÷ GEMM peak; 2-rank ÷ 1-rank samples/s",
+    "torch_baselines": "step time ÷ Horovod, exposed sync ÷ DDP",
+    "allreduce_bw": "fused allreduce bandwidth ÷ best raw MPI_Allreduce",
+    "container_overhead": "samples/s and memory, container ÷ bare",
+    "startup": "per-rank start-up work, plan once per job",
+    "learning": "3DGAN learns physics (3 seeds, 15 % rule)",
+}
+
+
+def _summary_table(results: Path) -> str:
+    """One line per benchmark of SUMMARY: its verdicts counted, and its newest file."""
+    lines = ["| benchmark | what | verdicts | file |", "|---|---|---|---|"]
+    for benchmark, what in SUMMARY.items():
+        path, data = by_date(benchmark, results)[-1]
+        if benchmark == "learning":
+            verdicts = Counter(["passed" if data["verdict"]["passed"] else "not passed"])
+        elif benchmark == "startup":
+            verdicts = Counter(v["verdict"] for v in data["verdicts"])
+        else:
+            verdicts = Counter(r["verdict"] for r in data["rows"])
+        said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+        lines.append(f"| {benchmark} | {what} | {said} | `bench/results/{path.name}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +254,8 @@ def _render_tail(lines: list[str], notes: list[str], data: dict, name: str) -> s
 def render_readme(text: str, results: Path) -> str:
     """``text`` with every results block re-rendered from its files."""
     def block(m: re.Match) -> str:
+        if m.group(2) == "summary":
+            return m.group(1) + _summary_table(results) + m.group(4)
         files = by_date(m.group(2), results)
         if m.group(2) in ALL_FILES:
             body = ALL_FILES[m.group(2)]([(f.name, data) for f, data in files])
@@ -213,23 +265,31 @@ def render_readme(text: str, results: Path) -> str:
     return BLOCK.sub(block, text)
 
 
+def documents(repo: Path = REPO) -> list[Path]:
+    """The documents that may hold results blocks: README.md and docs/*.md."""
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--readme", default=str(REPO / "README.md"))
     parser.add_argument("--results", default=str(REPO / "bench" / "results"))
+    parser.add_argument("documents", nargs="*", type=Path,
+                        help="default: README.md and docs/*.md")
     args = parser.parse_args()
-    readme = Path(args.readme)
-    text = readme.read_text()
-    rendered = render_readme(text, Path(args.results))
-    if args.check:
-        if rendered != text:
-            print("README.md differs from bench/results: run python bench/render.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(rendered)
-    return 0
+    stale = []
+    for doc in args.documents or documents():
+        text = doc.read_text()
+        rendered = render_readme(text, Path(args.results))
+        if rendered == text:
+            continue
+        if args.check:
+            stale.append(doc)
+        else:
+            doc.write_text(rendered)
+    for doc in stale:
+        print(f"{doc} differs from bench/results: run python bench/render.py", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from startup_trace import Places, parse  # noqa: E402
 from test_startup import _image  # noqa: E402
 
 from common import alternating_order, provenance  # noqa: E402
-from hpcai.launcher.site import DEFAULT_METADATA_OPS_PER_S, SiteProfile  # noqa: E402
+from hpcai.launcher.job.site import DEFAULT_METADATA_OPS_PER_S, SiteProfile  # noqa: E402
 
 OLD_COMMIT = "5583ab8"        # main before plan-once-per-job (issue 18)
 TRACE = str(REPO / "tests" / "startup_trace.py")

@@ -8,8 +8,9 @@ import os
 
 from ..core.cli import Parser
 from ..core.errors import UserError
-from . import consumers, matrix, mpis, preflight
-from .site import SiteProfile
+from .container import consumers, matrix, preflight
+from .mpi import mpis
+from .job.site import SiteProfile
 
 
 def _installs(ns) -> list[mpis.HostInstall]:

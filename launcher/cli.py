@@ -4,6 +4,7 @@ Usage:
   hpcai-launch [options] -- CMD [ARGS...]
   hpcai-launch validate --container IMG [options]   (site admins: which MPI is loaded?)
   hpcai-launch sbatch [job options] -- train ...     (a Slurm job script; --submit)
+  hpcai-launch plan-step -- srun ... hpcai-launch ... (in a job script: plan the step once)
   hpcai-launch sweep --nodes 1,2,4 --ranks-per-node 1,2,4 -- train ...
   hpcai-launch report RESULTS                        (scaling table, CSV, JSON, PNG)
   hpcai-launch export-onnx CHECKPOINT --model 3dgan  (validated with onnxruntime)
@@ -35,14 +36,14 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import UserError
-from . import jobplan
-from .rankenv import from_environ
+from .job import jobplan
+from .job.rankenv import from_environ
 
 if TYPE_CHECKING:
     import argparse
 
     from ..core.cli import Parser
-    from .options import Options
+    from .planning.options import Options
 
 
 def _validate(argv: list[str]) -> int:
@@ -50,18 +51,23 @@ def _validate(argv: list[str]) -> int:
     return validate(argv, parse)
 
 
+def _plan_step(argv: list[str]) -> int:
+    from .stepplan import main as plan_step
+    return plan_step(argv, parse)
+
+
 def _sbatch(argv: list[str]) -> int:
-    from ..slurm.sbatch import main as sbatch
+    from .batch.sbatch import main as sbatch
     return sbatch(argv)
 
 
 def _sweep(argv: list[str]) -> int:
-    from ..slurm.sweep import main as sweep
+    from .batch.sweep import main as sweep
     return sweep(argv)
 
 
 def _report(argv: list[str]) -> int:
-    from ..slurm.report import run as report
+    from .batch.report import run as report
     return report(argv)
 
 
@@ -91,7 +97,7 @@ def _predict(argv: list[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "validate": _validate, "sbatch": _sbatch, "sweep": _sweep, "report": _report,
+    "validate": _validate, "sbatch": _sbatch, "plan-step": _plan_step, "sweep": _sweep, "report": _report,
     "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi,
     "tune": _tune, "predict": _predict}
 
@@ -102,42 +108,44 @@ def make_parser() -> Parser:
     import argparse
 
     from ..core.cli import Parser
-    from .options import ENV_DEFAULTS, LAUNCHERS, MPI_CHOICES, RUNTIMES
+    from .planning.options import ENV_DEFAULTS, LAUNCHERS, add_arguments
     p = Parser(prog="hpcai-launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
     place = p.add_argument_group("placement")
-    place.add_argument("--ranks-per-node", "-N", type=int,
-                       help="MPI ranks per node (default 1, or what the launcher started)")
+    add_arguments(place, "ranks_per_node")
     place.add_argument("--ranks-per-numa", type=int, help="ranks per NUMA domain")
-    place.add_argument("--threads-per-rank", "-t", type=int,
-                       help="threads per rank (default: cores of the rank's share)")
+    add_arguments(place, "threads_per_rank")
     place.add_argument("--hyperthreads", action="store_true",
                        help="use all hardware threads of each core")
-    place.add_argument("--oversubscribe", action="store_true",
-                       help="allow more ranks x threads than cores")
+    add_arguments(place, "oversubscribe")
     place.add_argument("--topology", default=None,
                        help="hwloc XML file or synthetic text ('pack:2 numa:2 core:12') "
                             "instead of this machine's sysfs")
+    gpu = p.add_argument_group("GPUs")
+    gpu.add_argument("--gpus", metavar="SPEC",
+                     help="GPUs of the node to plan for instead of this machine's: "
+                          "'gpu:4 numa:0,0,1,1 nic:mlx5_0@0+1,mlx5_1@2+3 model:A100', "
+                          "or none (default: this machine's; none with --topology)")
+    gpu.add_argument("--gpu-visible", choices=("per-rank", "all"),
+                     help="per-rank: CUDA_VISIBLE_DEVICES lists the rank's GPUs; all: every "
+                          "GPU visible, HPCAI_LOCAL_DEVICE names the rank's (default: the "
+                          "site profile's gpu_visible, else per-rank)")
+    gpu.add_argument("--share-gpus", action="store_true",
+                     help="let more ranks than GPUs share them evenly")
     launch = p.add_argument_group("launcher")
     launch.add_argument("--launcher", choices=LAUNCHERS, help="default auto")
-    launch.add_argument("--mpi", help=f"MPI: a flavour ({', '.join(MPI_CHOICES)}), an install "
-                        "by family@version (openmpi@5, mpich@4) or its path; see "
-                        "`hpcai-launch mpis`")
+    add_arguments(launch, "mpi")
     launch.add_argument("--mpirun", help="path of the MPI launcher (mpirun/mpiexec) to use")
     launch.add_argument("--hosts", help="hosts for mpirun: h1,h2 or h1:4,h2:4")
     launch.add_argument("--nodes", type=int, help="nodes for srun (default: the allocation)")
     cont = p.add_argument_group("containers")
-    cont.add_argument("--container",
-                      help="image: Charliecloud directory/SquashFS or Singularity SIF/sandbox")
-    cont.add_argument("--runtime", choices=RUNTIMES, help="default charliecloud")
+    add_arguments(cont, "container", "runtime")
     cont.add_argument("--bind-host-mpi", dest="bind_host_mpi", action="store_true",
                       default=None, help="bind the host MPI and fabric libraries read-only "
                       "(default: when a container is used and a host MPI is found)")
     cont.add_argument("--no-bind-host-mpi", dest="bind_host_mpi", action="store_false")
     cont.add_argument("--host-libs", help=argparse.SUPPRESS)  # staged by the outer launcher
-    cont.add_argument("--site", help="site profile (TOML): extra binds, env, libraries")
-    cont.add_argument("--bind", action="append", default=[], metavar="SRC[:DST[:ro]]",
-                      help="extra bind into the container (repeatable)")
+    add_arguments(cont, "site", "binds")
     out = p.add_argument_group("output")
     out.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     out.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
@@ -153,7 +161,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     """The command line and the ``HPCAI_*`` defaults, checked for values and combinations
     that would be ignored or cannot work."""
     from ..core.cli import split_command
-    from .options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
+    from .planning.options import ENV_DEFAULTS, MPI_CHOICES, Options, env_defaults
     head, command = split_command(argv)
     ns = make_parser().parse_args(head)
     if command is None:
@@ -176,17 +184,18 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                       report_bindings=ns.report_bindings, verbose=ns.verbose,
                       container=ns.container, runtime=ns.runtime,
                       bind_host_mpi=ns.bind_host_mpi, host_libs=ns.host_libs, site=ns.site,
-                      binds=tuple(ns.bind))
+                      binds=tuple(ns.bind), gpus=ns.gpus, gpu_visible=ns.gpu_visible,
+                      share_gpus=ns.share_gpus)
     return options, ns
 
 
 def _select_install(ns: argparse.Namespace) -> None:
     """``--mpi family@version`` or ``--mpi PATH``: the host install it names becomes the
     flavour and (unless ``--mpirun`` is given) the launcher."""
-    from .abi import FLAVOURS
-    from .mpis import discover, select
+    from .mpi.abi import FLAVOURS
+    from .mpi.mpis import discover, select
 
-    from .site import SiteProfile
+    from .job.site import SiteProfile
 
     env = dict(os.environ)
     site = SiteProfile.chosen(ns.site, env)
@@ -233,7 +242,7 @@ def _check_container_options(ns: argparse.Namespace, given: set[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A subcommand, a rank that starts from its job's plan (:mod:`.jobplan`: before any
+    """A subcommand, a rank that starts from its job's plan (:mod:`.job.jobplan`: before any
     import that planning needs), or planning."""
     started = time.time()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -243,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     job = jobplan.role(args, env, from_environ(env, os.getppid()))
     if job is not None and not job.planner:
-        code = jobplan.run_rank(job, env, started)   # execs, unless an error
+        from .run.execute import run_rank
+        code = run_rank(job, env, started)           # execs, unless an error
         if code is not None:
             return code
         job = None                                   # this rank plans by itself
@@ -253,16 +263,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_training_command(options: Options) -> None:
-    """A ``train`` command's arguments, parsed once here before any rank starts: a usage
-    error is said once, not by every rank and then by mpirun's abort banner. A bare
-    ``train`` is checked only if it is hpcai's (someone else's ``train`` is theirs)."""
+    """A ``train`` command checked once here before any rank starts
+    (:func:`hpcai.training.preflight.preflight`): a usage error, and for a bare run its
+    data, output directory and ``--resume`` checkpoint, are said once, not by every rank
+    and then by mpirun's abort banner. In a container the paths are the image's, which
+    the ranks check. A bare ``train`` is checked only if it is hpcai's (someone else's
+    ``train`` is theirs)."""
     import shutil
 
-    from ..training.config import check_command
+    from ..training.preflight import preflight
 
     bare = options.container is None or options.runtime == "none"
     program = shutil.which(options.command[0]) if bare and options.command else None
-    check_command(options.command, program)
+    preflight(options.command, program, inputs=bare)
 
 
 class _Launch:
@@ -283,8 +296,8 @@ class _Launch:
             raise
 
     def _plan(self, argv: list[str]) -> int:
-        from .facts import gather_facts
-        from .plan import build_plan, key_files, rank_template
+        from .planning.facts import gather_facts
+        from .planning.plan import build_plan, key_files, rank_template
 
         options, ns = parse(argv)
         if from_environ(dict(os.environ)) is None:   # the outer hpcai-launch, not a rank
@@ -298,7 +311,7 @@ class _Launch:
         if self.job is not None and plan.mode == "rank":
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
             jobplan.write(self.job.path, key, rank_template(options, facts))
-        from .execute import exec_plan
+        from .run.execute import exec_plan
         return exec_plan(plan, report_bindings=options.report_bindings)
 
     def report(self, exc: UserError) -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
-from .libmpi import defining_library, libmpi_path
-from .topology import format_cpulist
+from .mpi.libmpi import defining_library, libmpi_path
+from .node.topology import format_cpulist
 
 PROBE_SCHEMA = 3     # 3: PingPong.samples
 

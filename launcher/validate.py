@@ -74,13 +74,13 @@ from typing import Callable
 
 from ..core.cli import Parser
 from ..core.errors import UserError
-from .containers import HOST_MOUNT
-from .facts import gather_facts
-from .hosts import parse_hosts
-from .options import Options
-from .plan import LaunchPlan, build_plan
+from .container.containers import HOST_MOUNT
+from .planning.facts import gather_facts
+from .node.hosts import parse_hosts
+from .planning.options import Options
+from .planning.plan import LaunchPlan, build_plan
 from .probe import PINGPONG_BUDGET_S, PINGPONG_SIZES, ProbeRecord
-from .topology import format_cpulist, parse_cpulist
+from .node.topology import format_cpulist, parse_cpulist
 
 DEFAULT_THRESHOLD = 0.8
 JUDGED_MIN_BYTES = 64 << 10     # the floor applies from this message size up
@@ -156,7 +156,7 @@ def expect(options: Options, ns: argparse.Namespace) -> Expectation:
     assert container is not None
     site = container.site
     prefix = ns.expect_libmpi or (site.expected_libmpi if site else None) or HOST_MOUNT
-    from .containerplan import spec
+    from .container.containerplan import spec
     binds = spec(container, options.binds, facts.cwd, facts.env).binds
     roots = tuple(dict.fromkeys([HOST_MOUNT, prefix, *(b.target for b in binds)]))
     return Expectation(world=world, host=facts.hostname,

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from ..core.cli import Parser, run_main
 from ..core.errors import UserError
-from ..launcher.site import TOPOLOGIES, NetworkSpec, SiteProfile
-from ..slurm import report
-from ..slurm.sweep import parse_counts
+from ..launcher.job.site import TOPOLOGIES, NetworkSpec, SiteProfile
+from ..launcher.batch import report
+from ..launcher.batch.sweep import parse_counts
 from .model import LinkCost, StepPrediction, oversubscription, predict_step
 from .result import TuneResult
 from .tune import rank_layouts

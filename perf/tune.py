@@ -77,7 +77,7 @@ def _parser() -> Parser:
 
 def physical_cores() -> int:
     """Cores (not hardware threads) this process may use."""
-    from ..launcher.topology import allowed_cpus, from_sysfs
+    from ..launcher.node.topology import allowed_cpus, from_sysfs
 
     return len(from_sysfs(allowed=allowed_cpus(in_rank=False)).cores)
 
@@ -112,8 +112,10 @@ def candidates(cores: int, max_ranks: int) -> list[tuple[int, int]]:
 
 
 def _launcher(ranks: int, threads: int) -> list[str]:
-    return [sys.executable, "-m", "hpcai.launcher", "--ranks-per-node", str(ranks),
-            "--threads-per-rank", str(threads), "--"]
+    """``hpcai-launch`` with this shape, up to and including ``--`` (Options.to_argv)."""
+    from ..launcher.planning.options import Options
+    shape = Options(command=(), ranks_per_node=ranks, threads_per_rank=threads)
+    return [sys.executable, "-m", "hpcai.launcher", *shape.to_argv()]
 
 
 def _run(argv: list[str], env: dict[str, str] | None, timeout: float, what: str) -> None:

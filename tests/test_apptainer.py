@@ -24,7 +24,7 @@ from jobs import end_left, pid_files
 from rankcheck import assert_one_world, load_ranks
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
 
-from hpcai.launcher.containers import find_binary, get_runtime
+from hpcai.launcher.container.containers import find_binary, get_runtime
 
 PROGRAMS = Path(__file__).parent / "programs"
 HOST_LIB = "/opt/hpcai/host/lib/"

@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 
 from hpcai.core.errors import UserError
-from hpcai.launcher.containerplan import ContainerFacts, container_env, image_has_module, spec
-from hpcai.launcher.containers import wrap
-from hpcai.launcher.hostlibs import LibFile
-from hpcai.launcher.options import Options
+from hpcai.launcher.container.containerplan import (
+    ContainerFacts, container_env, image_has_module, spec)
+from hpcai.launcher.container.containers import wrap
+from hpcai.launcher.container.hostlibs import LibFile
+from hpcai.launcher.planning.options import Options
 from hpcai.launcher.readonly import to_remount
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.flavours import OPENMPI, MpiInstall
-from hpcai.launcher.plan import build_plan
-from hpcai.launcher.rankenv import RankInfo
-from hpcai.launcher.site import SiteProfile
-from hpcai.launcher.topology import synthetic
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.mpi.flavours import OPENMPI, MpiInstall
+from hpcai.launcher.planning.plan import build_plan
+from hpcai.launcher.job.rankenv import RankInfo
+from hpcai.launcher.job.site import SiteProfile
+from hpcai.launcher.node.topology import synthetic
 
 GOLDEN = Path(__file__).parent / "golden"
 STAGED = "/home/user/.cache/hpcai/hostlibs/0123abcd"

@@ -32,12 +32,13 @@ from pathlib import Path
 import pytest
 
 from conftest import IMPI_ROOT as IMPI
-from hpcai.launcher import abi, elf, hostlibs, hostmpi, preflight
-from hpcai.slurm import pmi
+from hpcai.launcher.mpi import abi, elf, hostmpi
+from hpcai.launcher.container import hostlibs, preflight
+from hpcai.launcher.mpi import pmi
 from hpcai.core.errors import UserError
-from hpcai.launcher.hostlibs import LibFile
-from hpcai.launcher.hostmpi import HostMpi
-from hpcai.launcher.site import SiteProfile
+from hpcai.launcher.container.hostlibs import LibFile
+from hpcai.launcher.mpi.hostmpi import HostMpi
+from hpcai.launcher.job.site import SiteProfile
 
 DATA = Path(__file__).resolve().parent / "data"
 SYSLIB = Path("/usr/lib/x86_64-linux-gnu")

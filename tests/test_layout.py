@@ -24,14 +24,14 @@ import pytest
 from conftest import REPO, base_env, run
 from hpcai.core.errors import UserError
 from hpcai.launcher.cli import parse
-from hpcai.launcher.flavours import INTEL, MpiInstall
-from hpcai.launcher.options import Options
-from hpcai.launcher.placement import plan_placement
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.plan import build_plan
-from hpcai.launcher.site import SiteProfile
-from hpcai.launcher.topology import synthetic
-from hpcai.slurm import sbatch, sweep
+from hpcai.launcher.mpi.flavours import INTEL, MpiInstall
+from hpcai.launcher.planning.options import Options
+from hpcai.launcher.node.placement import plan_placement
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.planning.plan import build_plan
+from hpcai.launcher.job.site import SiteProfile
+from hpcai.launcher.node.topology import synthetic
+from hpcai.launcher.batch import sbatch, sweep
 
 COMMAND = ("train", "3dgan", "--epochs", "1")
 
@@ -200,7 +200,7 @@ def test_no_machine_paths_and_the_spec_is_in_the_project():
 def test_docstrings_say_what_the_code_does(tmp_path):
     """Defect 5: two module docstrings said the host libraries are staged as hard links;
     the code copies them (read-only, one link each)."""
-    from hpcai.launcher import containerplan, hostlibs
+    from hpcai.launcher.container import containerplan, hostlibs
 
     for module in (containerplan, hostlibs):
         assert "hard link" not in module.__doc__, module.__name__

@@ -163,12 +163,37 @@ def test_budgets_only_for_a_constant_rate(train_args, constant):
 
 
 def test_doctored_budgets_are_caught():
-    with_budgets = [p for p in sorted((REPO / "bench" / "results").glob("learning-*.json"))
-                    if json.loads(p.read_text()).get("budgets") is not None]
-    assert with_budgets, "no committed learning file has budgets"
-    doc = json.loads(with_budgets[0].read_text())
-    doc["budgets"]["passing_steps"] = [doc["budget"]["steps_per_epoch"]]
-    assert doc["budgets"] != learning.budgets(doc["runs"], doc["budget"]["steps_per_epoch"])
+    """Budgets measured from a committed file's runs (the kept run decays its rate, so its
+    file holds none: they are computed here), then one doctored: the judge disagrees."""
+    path = sorted((REPO / "bench" / "results").glob("learning-*.json"))[0]
+    doc = json.loads(path.read_text())
+    steps = doc["budget"]["steps_per_epoch"]
+    budgets = doc["budgets"] or learning.budgets(doc["runs"], steps)
+    assert budgets is not None and budgets["validations"] >= 1
+    budgets["passing_steps"] = [steps * 1000]
+    assert budgets != learning.budgets(doc["runs"], steps)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "bench" / "results").glob("learning-*.json")),
+                         ids=lambda p: p.name)
+def test_committed_rule_at_last_validations_is_the_history(path):
+    """``rule_at_last_validations`` (the 15 % rule at each seed's last four validations) is
+    what ``rule_at_last`` reads from the file's own history; the control moves one bin of a
+    seed's last validation to 20 %, and that validation no longer meets the rule."""
+    doc = json.loads(path.read_text())
+    got = doc.get("rule_at_last_validations")
+    if got is None:
+        assert any("sampling_fraction_rel_diff_per_bin" not in h
+                   for r in doc["runs"] for h in r["history"]), "a file with per-bin history"
+        return
+    assert got == {str(r["seed"]): learning.rule_at_last(r) for r in doc["runs"]}
+    assert all(len(rows) == min(4, len(r["history"]))
+               for r, rows in zip(doc["runs"], got.values()))
+    run = copy.deepcopy(doc["runs"][0])
+    bins = run["history"][-1]["sampling_fraction_rel_diff_per_bin"]
+    bins[next(iter(bins))] = 0.2
+    assert learning.rule_at_last(run)[-1] == {**got[str(run["seed"])][-1],
+                                              "worst_bin_rel_diff": 0.2, "within": False}
 
 
 def _entry(epoch: int, distance: float, worst: float, generator: str) -> dict:

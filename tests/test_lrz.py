@@ -25,11 +25,11 @@ import pytest
 import netns
 from clusterjobs import copy_rank_report, job_env, ok, rank_reports, submit
 from conftest import FLAVOURS
-from hpcai.launcher.containerplan import ContainerFacts, container_env
-from hpcai.launcher.containers import WORK_MOUNT
-from hpcai.launcher.hostlibs import LibFile
-from hpcai.launcher.site import SiteProfile
-from hpcai.slurm import pmi
+from hpcai.launcher.container.containerplan import ContainerFacts, container_env
+from hpcai.launcher.container.containers import WORK_MOUNT
+from hpcai.launcher.container.hostlibs import LibFile
+from hpcai.launcher.job.site import SiteProfile
+from hpcai.launcher.mpi import pmi
 from localcluster import missing_programs
 from test_netns import cluster  # noqa: F401 - the 2-node netns cluster fixture
 from test_image import image  # noqa: F401 - the image fixture

@@ -30,7 +30,7 @@ def test_hpcai_starts_the_mpi_itself(mpi, tmp_path):
 def test_a_launch_plans_within_its_cpu_affinity(mpi, tmp_path):
     """``taskset -c C hpcai-launch``: the rank is placed on cpu C with one thread. The
     control is the same launch without taskset, which places the rank on the whole node."""
-    from hpcai.launcher.topology import format_cpulist, from_sysfs
+    from hpcai.launcher.node.topology import format_cpulist, from_sysfs
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip(f"needs 2 CPUs to restrict a launch to one, this process has {allowed}")

@@ -27,7 +27,7 @@ import pytest
 import netns
 from clusterjobs import copy_rank_report, job_env, ok, rank_reports, submit
 from conftest import FLAVOURS
-from hpcai.launcher import flavours
+from hpcai.launcher.mpi import flavours
 from localcluster import LocalCluster, missing_programs
 from test_image import image  # noqa: F401 - the image fixture
 from test_image import pytestmark as IMAGE_MARKS

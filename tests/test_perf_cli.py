@@ -84,7 +84,7 @@ def test_predict_writes_report_table_and_plot(tmp_path, capsys):
 
 
 def _point(results: Path, nodes: int, samples_per_s: float, epoch_s: float) -> None:
-    from hpcai.slurm.points import Point, PointRecord
+    from hpcai.launcher.batch.points import Point, PointRecord
     from hpcai.training.record import AllreduceTotals, EpochRecord, Peak, Provenance
     pdir = results / f"N{nodes}-R1-T4-rep0"
     pdir.mkdir(parents=True)
@@ -155,7 +155,7 @@ def test_predict_and_tune_refuse_bad_inputs(tmp_path, capsys):
 
 
 def test_site_profile_network_is_read(tmp_path):
-    from hpcai.launcher.site import NetworkSpec, SiteProfile
+    from hpcai.launcher.job.site import NetworkSpec, SiteProfile
     site = tmp_path / "s.toml"
     site.write_text('memory_per_node_gb = 96\n[network]\nlatency_us = 1.0\n'
                     'bandwidth_gbit_s = 100\ntopology = "fat-tree"\n')

@@ -154,7 +154,7 @@ def test_draws_repeat_the_real_energies_and_the_standard_error_is_the_spread_of_
 
 
 def test_physics_json_history_plots_and_the_run_report(tmp_path, capsys):
-    from hpcai.slurm import report
+    from hpcai.launcher.batch import report
     from hpcai.training import validation
     from hpcai.training.shower_data import DatasetIndex
 
@@ -187,7 +187,7 @@ def test_the_run_report_names_the_average_and_shows_the_trained_generator_beside
     """With --generator-ema physics.json judges the average first and keeps the trained
     generator under ``others``: the report says which is which and tabulates both; the
     control above (a run without an average) names the trained generator only."""
-    from hpcai.slurm import report
+    from hpcai.launcher.batch import report
     from hpcai.training import validation
     from hpcai.training.shower_data import DatasetIndex
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpcai.core.errors import UserError
-from hpcai.launcher.placement import plan_placement, thread_env
-from hpcai.launcher.topology import synthetic
+from hpcai.launcher.node.placement import plan_placement, thread_env
+from hpcai.launcher.node.topology import synthetic
 
 SNG = synthetic("pack:2 numa:2 core:12 pu:2")   # SuperMUC-NG: 2 x Xeon 8174, 48 cores
 FOUR_NUMA = synthetic("pack:1 numa:4 core:4")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.launcher import flavours
-from hpcai.launcher.flavours import MpiInstall
-from hpcai.launcher.options import Options
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.plan import build_plan
-from hpcai.launcher.topology import synthetic
-from hpcai.slurm.pmi import PmiClient
+from hpcai.launcher.mpi import flavours
+from hpcai.launcher.mpi.flavours import MpiInstall
+from hpcai.launcher.planning.options import Options
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.planning.plan import build_plan
+from hpcai.launcher.node.topology import synthetic
+from hpcai.launcher.mpi.pmi import PmiClient
 
 GOLDEN = Path(__file__).parent / "golden"
 COMMAND = ("python3", "-m", "hpcai.launcher.probe")
@@ -101,3 +101,58 @@ def test_dry_run_render_is_readable():
     assert "OMP_NUM_THREADS=12" in text and "mpirun.openmpi -n 4" in text
     assert "passes on SIGTERM as SIGUSR1 (a second SIGTERM as it is)" in text
     assert "hpcai-launch becomes mpiexec.mpich (exec)" in _plan("mpich", "1node-2ranks").render()
+
+
+# --- GPU nodes, in synthetic form (hpcai.launcher.node.gpus.synthetic) -------------------------
+# 4 x A100 on a 2-socket, 64-cores-per-socket node: GPUs 0,1 on NUMA 0 and 2,3 on NUMA 1,
+# one NIC beside each GPU pair. 4 x H100 on a 2 x 56-core node with 2 hardware threads per
+# core: GPUs 0,1 on NUMA 0 and 2,3 on NUMA 1, two NICs beside each GPU (8 NICs).
+GPU_MACHINES = {
+    "a100-4gpu-2numa": ("pack:2 numa:1 core:64",
+                        "gpu:4 numa:0,0,1,1 nic:mlx5_0@0+1,mlx5_1@2+3 model:A100-SXM4-80GB"),
+    "h100-4gpu-8nic": ("pack:2 numa:1 core:56 pu:2",
+                       "gpu:4 numa:0,0,1,1 nic:mlx5_0@0,mlx5_1@0,mlx5_2@1,mlx5_3@1,mlx5_4@2,"
+                       "mlx5_5@2,mlx5_6@3,mlx5_7@3 model:H100-SXM5-80GB"),
+}
+GPU_CASES = [(launcher, machine) for launcher in ("openmpi", "srun-gres")
+             for machine in GPU_MACHINES]
+
+
+def _gpu_plan(launcher: str, machine: str):
+    """No --ranks-per-node: one rank per GPU. srun-gres: a 2-node allocation with the
+    GPUs as GRES, so srun binds them."""
+    from hpcai.launcher.node.gpus import synthetic as synthetic_gpus
+    topo_text, gpu_text = GPU_MACHINES[machine]
+    env = {"PATH": "/usr/bin"}
+    if launcher == "srun-gres":
+        env.update({"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2",
+                    "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_GPUS_ON_NODE": "4"})
+    facts = Facts(env=env, topology=synthetic(topo_text), hostname="node001",
+                  self_argv=("hpcai-launch",), command_path="/usr/bin/python3", uid=1000,
+                  free_port=29500, mpi=INSTALLS["openmpi"],
+                  cache_dir="/home/user/.cache/hpcai", gpus=synthetic_gpus(gpu_text))
+    return build_plan(Options(command=COMMAND, gpus=gpu_text), facts)
+
+
+@pytest.mark.parametrize("launcher,machine", GPU_CASES)
+def test_gpu_plan_matches_golden(launcher, machine):
+    plan = _gpu_plan(launcher, machine)
+    data = plan.to_dict()
+    text = json.dumps({k: data[k] for k in ("mode", "argv", "env", "ranks", "notes",
+                                            "warnings", "gpus")}, indent=1) + "\n"
+    path = GOLDEN / f"gpu-{launcher}-{machine}.json"
+    if os.environ.get("HPCAI_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden {path}: run with HPCAI_UPDATE_GOLDEN=1"
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("machine", GPU_MACHINES)
+def test_gpu_dry_run_matches_golden(machine):
+    """The --dry-run text: every rank's cores, GPU, NICs and why."""
+    text = _gpu_plan("openmpi", machine).render() + "\n"
+    path = GOLDEN / f"gpu-dry-run-{machine}.txt"
+    if os.environ.get("HPCAI_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden {path}: run with HPCAI_UPDATE_GOLDEN=1"
+    assert text == path.read_text()

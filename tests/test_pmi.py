@@ -1,4 +1,4 @@
-"""The PMI plugin under srun, chosen by hpcai for every MPI flavour (slurm/pmi.py).
+"""The PMI plugin under srun, chosen by hpcai for every MPI flavour (launcher/mpi/pmi.py).
 
 - pure: the choice (explicit, site profile, the flavour's), a rank started with the wrong
   plugin refused before the program runs, Slurm's libpmi2 found and pointed at;
@@ -22,17 +22,17 @@ import pytest
 from clusterjobs import copy_rank_report, job_env, ok, rank_reports, run, submit
 from conftest import FLAVOURS
 from hpcai.core.errors import UserError
-from hpcai.launcher import flavours
-from hpcai.launcher.facts import Facts
-from hpcai.launcher.options import Options
-from hpcai.launcher.plan import build_plan
-from hpcai.launcher.rankenv import from_environ
-from hpcai.launcher.site import SiteProfile
-from hpcai.launcher.topology import synthetic
-from hpcai.slurm import pmi
+from hpcai.launcher.mpi import flavours
+from hpcai.launcher.planning.facts import Facts
+from hpcai.launcher.planning.options import Options
+from hpcai.launcher.planning.plan import build_plan
+from hpcai.launcher.job.rankenv import from_environ
+from hpcai.launcher.job.site import SiteProfile
+from hpcai.launcher.node.topology import synthetic
+from hpcai.launcher.mpi import abi, pmi
 from localcluster import LocalCluster, missing_programs
 
-INTEL_LIB = pmi.PMI_LIBRARIES[0]
+INTEL_LIB = abi.PMI_LIBRARIES[0]
 PROBE = ("python3", "-m", "hpcai.launcher.probe")
 TWO_BY_TWO = ("--nodes", "2", "--ntasks-per-node", "2")
 

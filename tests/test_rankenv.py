@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpcai.slurm.nodelist import expand_hostlist, parse_tasks_per_node
-from hpcai.launcher.rankenv import (PORT_BASE, PORT_SPAN, from_environ, rendezvous_port,
-                                    torch_env)
+from hpcai.launcher.job.rankenv import (
+    PORT_BASE, PORT_SPAN, from_environ, rendezvous_port, torch_env)
 
 
 def test_openmpi_env():

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import base_env
 from jobs import alive, end_left, pid_files, wait_for
-from hpcai.launcher.rankenv import RankInfo, abort_fd
+from hpcai.launcher.job.rankenv import RankInfo, abort_fd
 from test_signals import LAUNCHERS, _launcher
 
 pytestmark = pytest.mark.mpi

@@ -1,8 +1,9 @@
-"""The README's performance tables are what the committed result files say.
+"""The performance tables of README.md and docs/*.md are what the committed result files say.
 
 ``bench/render.py`` renders each ``<!-- results:NAME -->`` block from the newest
-``bench/results/NAME-*.json``; these tests fail when the README and the files disagree, and
-their negative controls show that a doctored file or a doctored README is caught.
+``bench/results/NAME-*.json``; these tests fail when a document and the files disagree, and
+their negative controls show that a doctored file or a doctored document is caught. README.md
+stays under README_LINES lines, with a control.
 """
 
 from __future__ import annotations
@@ -21,24 +22,50 @@ sys.path.insert(0, str(REPO / "bench"))
 import common  # noqa: E402
 import render  # noqa: E402
 
-README = (REPO / "README.md").read_text()
+DOCS = {doc.relative_to(REPO).as_posix(): doc.read_text() for doc in render.documents(REPO)}
+README = "".join(DOCS.values())   # every document, for the blocks' controls
 RESULTS = REPO / "bench" / "results"
 BLOCKS = render.BLOCK.findall(README)
-RATIO_BLOCKS = [b for b in BLOCKS if b[1] not in {"startup", *render.ALL_FILES}]  # ratio rows
+README_LINES = 250
+RATIO_BLOCKS = [b for b in BLOCKS if b[1] not in {"startup", "summary", *render.ALL_FILES}]  # ratio rows
 PROVENANCE = ("git_commit", "date", "machine", "cpus", "open_mpi", "threads_env", "packages",
               "load_average_at_start", "load_average_at_end")
 
 
-def test_readme_has_results_blocks():
-    assert {name for _, name, _, _ in BLOCKS} >= {"torch_baselines", "allreduce_bw", "training"}
+def test_documents_have_results_blocks():
+    assert {name for _, name, _, _ in BLOCKS} >= {"torch_baselines", "allreduce_bw", "training",
+                                                   "learning", "startup", "summary"}
+    assert "<!-- results:summary -->" in DOCS["README.md"]
 
 
-def test_readme_matches_committed_results():
-    assert render.render_readme(README, RESULTS) == README, \
-        "README.md differs from bench/results: run python bench/render.py"
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_document_matches_committed_results(name):
+    assert render.render_readme(DOCS[name], RESULTS) == DOCS[name], \
+        f"{name} differs from bench/results: run python bench/render.py"
 
 
-@pytest.mark.parametrize("name", sorted({n for _, n, _, _ in BLOCKS} - set(render.ALL_FILES)))
+def test_render_check_covers_readme_and_docs():
+    """``render.py --check`` (what a contributor runs) reads README.md and docs/*.md."""
+    assert {"README.md", "docs/benchmarks.md"} <= set(DOCS)
+
+
+def too_long(text: str, limit: int = README_LINES) -> bool:
+    """More lines than ``limit``: a README a newcomer cannot read in a few minutes."""
+    return len(text.splitlines()) > limit
+
+
+def test_readme_is_short():
+    lines = len(DOCS["README.md"].splitlines())
+    assert not too_long(DOCS["README.md"]), \
+        f"README.md has {lines} lines (> {README_LINES}): move detail to docs/"
+
+
+def test_negative_control_a_251_line_readme_is_too_long():
+    assert too_long("line\n" * 251) and not too_long("line\n" * 250)
+
+
+@pytest.mark.parametrize("name", sorted({n for _, n, _, _ in BLOCKS}
+                                        - set(render.ALL_FILES) - {"summary"}))
 def test_rendered_files_carry_provenance_and_trials(name):
     data = json.loads(render.newest(name, RESULTS).read_text())
     missing = [k for k in PROVENANCE if k not in data["provenance"]]

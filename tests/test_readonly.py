@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run
-from hpcai.launcher.containers import Bind, ContainerSpec, wrap
+from hpcai.launcher.container.containers import Bind, ContainerSpec, wrap
 from test_containers import _fake_image
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcai.slurm import report
+from hpcai.launcher.batch import report
 from hpcai.training.record import AllreduceTotals, EpochRecord, Peak, Provenance, RecordError
-from hpcai.slurm.report import Row, collect, main, plot, render_markdown, write_csv, write_json
+from hpcai.launcher.batch.report import (
+    Row, collect, main, plot, render_markdown, write_csv, write_json)
 
 # Epoch times per (ranks/node, threads) -> nodes -> repeat -> (epoch 0, epoch 1, epoch 2).
 # Epoch 0 is the slow warm-up; the means of epochs 1-2 are 11 / 6 / 3.5 s for 1 x 4 and

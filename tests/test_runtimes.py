@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpcai.core.errors import UserError
-from hpcai.launcher.containers import (RUNTIMES, Bind, ContainerSpec, Runtime, find_binary,
-                                       get_runtime, wrap)
+from hpcai.launcher.container.containers import (
+    RUNTIMES, Bind, ContainerSpec, Runtime, find_binary, get_runtime, wrap)
 
 
 def test_check_runtime(tmp_path, monkeypatch):

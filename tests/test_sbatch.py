@@ -10,9 +10,9 @@ import pytest
 
 from conftest import base_env, run
 from hpcai.core.errors import UserError
-from hpcai.slurm.sbatch import JobSpec, render
-from hpcai.launcher.site import SiteProfile
-from hpcai.slurm.sweep import parse_counts, plan_points
+from hpcai.launcher.batch.sbatch import JobSpec, render
+from hpcai.launcher.job.site import SiteProfile
+from hpcai.launcher.batch.sweep import parse_counts, plan_points
 
 GOLDEN = Path(__file__).parent / "golden"
 LRZ = Path(__file__).parent / "data" / "site-lrz.toml"
@@ -51,10 +51,14 @@ def test_lrz_script_says_what_the_seed_run_did():
     assert "#SBATCH --nodes=768\n" in text and "#SBATCH --ntasks-per-node=4\n" in text
     # 12 cores per rank x 2 hardware threads (Slurm counts hardware threads as CPUs)
     assert "#SBATCH --cpus-per-task=24\n" in text and "#SBATCH --signal=USR1@120\n" in text
-    srun = text.strip().splitlines()[-1]
-    assert srun.startswith("srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 --cpus-per-task=24")
-    assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in srun
-    assert "--mpi intel" in srun and srun.endswith("--resume")
+    lines = text.strip().splitlines()
+    step, plan, export, run_step = lines[-4:]    # the step is planned once, then run
+    assert step.startswith("step=(srun --mpi=pmi2 --nodes=768 --ntasks-per-node=4 "
+                           "--cpus-per-task=24")
+    assert "--container /hppfs/work/images/hpcai-bookworm --runtime charliecloud" in step
+    assert "--mpi intel" in step and step.endswith("--resume)")
+    assert plan == 'HPCAI_PLAN=$(hpcai-launch plan-step -- "${step[@]}")'
+    assert export == "export HPCAI_PLAN" and run_step == '"${step[@]}"'
     assert "export FI_PROVIDER=psm2" in text
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives == sorted(directives)
@@ -126,6 +130,42 @@ def test_cli_bad_input_is_error_hint(tmp_path):
                  cwd=tmp_path)
     assert result.returncode == 2 and "sbatch is not on PATH" in result.stderr
     assert not list(tmp_path.iterdir()), "nothing written when submission cannot work"
+
+
+def _declared(parser) -> dict[str, tuple]:
+    return {a.dest: (tuple(a.option_strings), a.type, a.choices, a.default, a.help)
+            for a in parser._actions if a.option_strings}
+
+
+def test_job_options_are_the_launch_options():
+    """sbatch (and sweep) declare the launch options they share with hpcai-launch from its
+    one table: same flags, types, choices, defaults (none given: filled in later), help.
+    Control: a parser that re-declares ``--ranks-per-node`` with a default differs."""
+    import argparse
+
+    from hpcai.launcher.batch.sbatch import add_job_options
+    from hpcai.launcher.cli import make_parser
+    from hpcai.launcher.planning.options import ARGUMENTS
+    job = argparse.ArgumentParser()
+    add_job_options(job)
+    launch, shared = _declared(make_parser()), {"bind" if n == "binds" else n for n in ARGUMENTS}
+    assert {k: v for k, v in _declared(job).items() if k in shared} == \
+        {k: v for k, v in launch.items() if k in shared}
+    redeclared = argparse.ArgumentParser()
+    redeclared.add_argument("--ranks-per-node", "-N", type=int, default=1,
+                            help=ARGUMENTS["ranks_per_node"][1]["help"])
+    assert _declared(redeclared)["ranks_per_node"] != launch["ranks_per_node"]
+
+
+def test_sbatch_refuses_an_image_it_would_ignore(tmp_path):
+    """``--runtime none`` with ``--container``: the ranks would run bare; control: a runtime
+    that uses the image writes the script."""
+    base = ["hpcai-launch", "sbatch", "--mpi", "openmpi", "--container", str(tmp_path)]
+    refused = run([*base, "--runtime", "none", "--", "true"], base_env(), cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --runtime none")
+    assert "hint: " in refused.stderr
+    taken = run([*base, "--runtime", "singularity", "--", "true"], base_env(), cwd=tmp_path)
+    assert taken.returncode == 0 and "--runtime singularity" in taken.stdout, taken.stderr
 
 
 def test_sweep_without_a_scheduler(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FLAVOURS, base_env, run
-from hpcai.launcher.abi import FLAVOURS as RECORDS
+from hpcai.launcher.mpi.abi import FLAVOURS as RECORDS
 from jobs import alive, wait_for
 from apptainer_rig import apptainer_rig  # noqa: F401 - fixture
 from test_image import image  # noqa: F401 - the built image (fixture)
@@ -274,10 +274,10 @@ def test_in_apptainer_the_ranks_checkpoint_too(target, apptainer_rig, image, tmp
 
 @pytest.mark.parametrize("via", ["hpcai-launch", "mpirun itself (control)"])
 def test_a_sweep_point_past_its_time_checkpoints(via, tmp_path):
-    """``sweep``'s time limit (``slurm.sweep.run_within``) sends SIGTERM to the point's
+    """``sweep``'s time limit (``launcher.batch.sweep.run_within``) sends SIGTERM to the point's
     process group: through hpcai-launch the ranks checkpoint before the grace ends. The
     control runs the same ranks under Open MPI's mpirun alone: they end without one."""
-    from hpcai.slurm.sweep import run_within
+    from hpcai.launcher.batch.sweep import run_within
 
     out = tmp_path / "out"
     out.mkdir()
@@ -305,7 +305,7 @@ AFTER_INIT = r"""
 import os, subprocess, sys
 from pathlib import Path
 from mpi4py import MPI
-from hpcai.slurm.sweep import run_within
+from hpcai.launcher.batch.sweep import run_within
 argv = [sys.argv[1], "-n", "2", *sys.argv[3:], "--oversubscribe", "true"]
 if sys.argv[2] == "run_within":
     code, _ = run_within(argv, Path(os.environ["LOG"]), limit=60)

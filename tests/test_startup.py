@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -85,6 +86,108 @@ def test_startup_only_the_planning_rank_scans_under_srun(tmp_path):
         assert not [d for d in t.listed if d.startswith(LIBDIRS)], (rank, t.listed)
         assert t.metadata.get("library dirs", 0) < 60, (rank, t.metadata)
     assert len(list((tmp_path / "cache" / "jobs").glob("plan-*.json"))) == 1
+
+
+# --- a batch script: its batch host plans the step once, no rank plans -------------------
+
+def _batch_job(cluster: LocalCluster, tmp_path: Path, name: str, image: Path,
+               plan_first: bool) -> tuple[int, str, Path]:
+    """Submit the script ``hpcai-launch sbatch`` writes for a 2 x 2 container job (the
+    control: ``plan_first=False``, the script that only runs srun), with every rank's
+    wrapper and the batch host's ``plan-step`` traced. Returns (the job's exit status,
+    its output, the traces' directory)."""
+    from hpcai.launcher.batch.sbatch import JobSpec, render
+    out = tmp_path / f"traces-{name}"
+    out.mkdir()
+    text = render(JobSpec(command=("python3", "-c", "pass"), nodes=2, ranks_per_node=2,
+                          mpi="openmpi", container=str(image), plan_first=plan_first,
+                          output=str(tmp_path / f"{name}.out")))
+    trace = shlex.join([sys.executable, TRACE, "trace", str(out), "--", "hpcai-launch"])
+    step = "--kill-on-bad-exit=1 hpcai-launch --ranks-per-node"
+    assert text.count(step) == 1 and text.count("hpcai-launch plan-step") == plan_first
+    text = text.replace(step, step.replace("hpcai-launch", trace))
+    (out / "batch").mkdir()     # the batch shell has SLURM_PROCID=0 too: its own folder
+    batch = shlex.join([sys.executable, TRACE, "trace", str(out / "batch"), "--",
+                        "hpcai-launch"])
+    text = text.replace("$(hpcai-launch plan-step", f"$({batch} plan-step")
+    script = tmp_path / f"{name}.sh"
+    script.write_text(text)
+    fake = tmp_path / "fakebin"
+    runtime = str(fake) if fake.exists() else _fake_runtime(tmp_path)
+    env = {"PATH": f"{runtime}:{Path(sys.executable).parent}:"
+                   f"{os.environ.get('PATH', os.defpath)}",
+           "HPCAI_CACHE": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = cluster.run(["sbatch", "--wait", str(script)], timeout=240, env=env,
+                         cwd=str(tmp_path), unset=("MASTER_ADDR", "MASTER_PORT",
+                                                   "HPCAI_JOB_DIR", "HPCAI_PLAN"))
+    log = (tmp_path / f"{name}.out").read_text() if (tmp_path / f"{name}.out").exists() else ""
+    return result.returncode, log + result.stderr, out
+
+
+def _traces(out: Path) -> dict[str, object]:
+    """The ranks' traces by rank, and the batch host's plan-step as "batch"."""
+    places = Places((("library dirs", LIBDIRS),))
+    found = {p.name.split("-")[1].split(".")[0]: parse(p.read_text(), places, "ch-run")
+             for p in out.glob("rank-*.trace")}
+    for p in (out / "batch").glob("rank-*.trace"):
+        found["batch"] = parse(p.read_text(), places, "ch-run")
+    return found
+
+
+def _planned_here(t) -> bool:
+    """The trace of the planning work: library directories listed, and looked into."""
+    return (any(d.startswith(LIBDIRS) for d in t.listed)
+            and t.metadata["library dirs"] > 500)
+
+
+def _template(path: Path) -> dict:
+    return json.loads(path.read_text())["template"]
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(bool(missing_programs()), reason="Slurm/munge not installed")
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed "
+                    "(scripts/install.sh installs it)")
+@pytest.mark.skipif(shutil.which("mpirun.openmpi") is None, reason="Open MPI not installed")
+def test_startup_batch_script_plans_once_before_srun(tmp_path):
+    """The script ``hpcai-launch sbatch`` writes plans the step on the batch host and no
+    rank of the srun step plans; the
+    control, the script that only runs srun, has rank 0 plan. Both plans are one template.
+    A planning error (the image is gone) ends the job before srun: error:, hint:, exit 2,
+    and no rank started."""
+    tmp_path.chmod(0o755)
+    image = _image(tmp_path / "img")
+    with LocalCluster(fake_nodes=2, cpus_per_node=2) as cluster:
+        code, log, out = _batch_job(cluster, tmp_path, "first", image, plan_first=True)
+        assert code == 0, log
+        traces = _traces(out)
+        assert sorted(traces) == ["0", "1", "2", "3", "batch"], (sorted(traces), log)
+        assert _planned_here(traces["batch"]), traces["batch"].to_dict()
+        for rank in ("0", "1", "2", "3"):
+            t = traces[rank]
+            assert t.reached_exec, (rank, t.to_dict())
+            assert t.programs == [], (rank, t.programs)     # no ldconfig, no scontrol
+            assert not [d for d in t.listed if d.startswith(LIBDIRS)], (rank, t.listed)
+            assert t.metadata.get("library dirs", 0) < 60, (rank, t.metadata)
+        jobs = tmp_path / "cache" / "jobs"
+        batch_plans = list(jobs.glob("plan-*.json"))
+        assert [p.name.endswith(".batch.json") for p in batch_plans] == [True], batch_plans
+
+        code, log, out = _batch_job(cluster, tmp_path, "control", image, plan_first=False)
+        assert code == 0, log
+        traces = _traces(out)
+        assert sorted(traces) == ["0", "1", "2", "3"], (sorted(traces), log)
+        assert _planned_here(traces["0"]), traces["0"].to_dict()
+        assert not any(_planned_here(traces[r]) for r in ("1", "2", "3"))
+        step_plans = [p for p in jobs.glob("plan-*.json") if p not in batch_plans]
+        assert [p.name.endswith(".0.json") for p in step_plans] == [True], step_plans
+        assert _template(batch_plans[0]) == _template(step_plans[0])
+
+        shutil.rmtree(image)
+        code, log, out = _batch_job(cluster, tmp_path, "failed", image, plan_first=True)
+        assert code == 2, log
+        assert "error:" in log and "hint:" in log, log
+        assert sorted(_traces(out)) == ["batch"], log     # srun never ran
 
 
 # --- the plan file's key, without a cluster ------------------------------------------------
@@ -221,16 +324,18 @@ def test_startup_node_with_another_cpu_count_plans_by_itself(tmp_path, cpus):
     assert result.returncode == 0, result.stderr
     assert "rank 1 1" in result.stdout
     wrapper = _wrapper_imports(result.stderr)
-    assert "hpcai.launcher.jobplan" in wrapper
-    assert ("hpcai.launcher.plan" in wrapper) == (cpus == "other"), sorted(wrapper)
+    assert "hpcai.launcher.job.jobplan" in wrapper
+    assert ("hpcai.launcher.planning.plan" in wrapper) == (cpus == "other"), sorted(wrapper)
     if cpus == "same":     # what a rank that runs from the plan loads of hpcai, and no more
         assert {m for m in wrapper if m.startswith("hpcai")} == RANK_MODULES, sorted(wrapper)
-        assert not wrapper & {"dataclasses", "inspect", "tomllib", "hpcai.launcher.site"}
+        assert not wrapper & {"dataclasses", "inspect", "tomllib", "hpcai.launcher.job.site"}
 
 
 RANK_MODULES = {"hpcai", "hpcai.core", "hpcai.core.errors", "hpcai.launcher",
-                "hpcai.launcher.cli", "hpcai.launcher.jobplan", "hpcai.launcher.rankenv",
-                "hpcai.launcher.execute", "hpcai.slurm", "hpcai.slurm.nodelist"}
+                "hpcai.launcher.cli", "hpcai.launcher.job", "hpcai.launcher.job.jobplan",
+                "hpcai.launcher.job.rankenv", "hpcai.launcher.run", "hpcai.launcher.run.execute",
+                "hpcai.launcher.run.child",
+                "hpcai.slurm", "hpcai.slurm.nodelist"}
 
 
 def _wrapper_imports(stderr: str) -> set[str]:
@@ -261,7 +366,7 @@ def test_startup_site_profile_node_local_job_dir(tmp_path):
                      _rank_env(tmp_path, rank, job, node=rank // 2, **two), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"rank {rank} 1" in result.stdout
-        planned[rank] = "hpcai.launcher.plan" in _wrapper_imports(result.stderr)
+        planned[rank] = "hpcai.launcher.planning.plan" in _wrapper_imports(result.stderr)
     assert planned == {0: True, 1: False, 2: True, 3: False}
     plans = sorted(p.name for p in (tmp_path / "scratch" / "hpcai-jobs").iterdir())
     host = socket.gethostname()
@@ -341,8 +446,9 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
     come from one rule: an empty ``HPCAI_CACHE`` or ``XDG_CACHE_HOME`` counts as unset. The
     expected paths are written out, so a second rule that reads an empty variable as a
     path (as facts did) fails here."""
-    from hpcai.launcher import facts, jobplan
-    from hpcai.launcher.options import Options
+    from hpcai.launcher.planning import facts
+    from hpcai.launcher.job import jobplan
+    from hpcai.launcher.planning.options import Options
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "h")}
     values = {"MINE": str(tmp_path / "mine"), "XDG": str(tmp_path / "xdg")}
     if hpcai_cache is not None:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hpcai.launcher import topology
+from hpcai.launcher.node import topology
 from hpcai.core.errors import UserError
 
 

@@ -330,7 +330,7 @@ def test_libmpi_path_is_the_file_defining_mpi_init():
     if "openmpi" not in FLAVOURS:
         pytest.skip("needs Open MPI")
     expected = os.path.realpath("/usr/lib/x86_64-linux-gnu/libmpi.so.40")
-    code = ("from hpcai.launcher.libmpi import libmpi_path; before = libmpi_path()\n"
+    code = ("from hpcai.launcher.mpi.libmpi import libmpi_path; before = libmpi_path()\n"
             "{load}\nprint(before, libmpi_path())")
     # no MPI loaded: None; mpi4py's libmpi; a libmpi loaded privately (RTLD_LOCAL)
     assert _python(code.format(load="from mpi4py import MPI"),

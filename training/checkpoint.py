@@ -6,6 +6,7 @@ directory; only then are old ones beyond ``keep`` removed. On ``--resume``
 (:func:`load_for_resume`) a newer file that fails to load (a crash of the file system, a
 truncated copy) is skipped with a warning for an older one that loads; when there are
 checkpoints and none of them loads, that is an error, never a silent start from scratch.
+:func:`check_resumable` finds that error without torch (the launcher's pre-flight).
 
 The framework's trainer says how a state is written: PyTorch runs write with ``torch.save``
 (a zip archive), TensorFlow runs a plain pickle of NumPy arrays (:func:`write_pickle`).
@@ -84,7 +85,33 @@ def load_for_resume(directory: Path, framework: str) -> tuple[Path, dict] | None
                   file=sys.stderr)
     if not failures:
         return None
-    raise UserError(
+    raise _none_readable(directory, failures)
+
+
+def check_resumable(directory: Path) -> None:
+    """What :func:`load_for_resume` refuses, found without torch and without printing:
+    checkpoints in ``directory``, and none of them reads. A ``torch.save`` file is read as
+    a zip archive whose members' CRCs hold and whose pickle :func:`read_without_torch`
+    reads; its tensors are not loaded, so a file that passes may still be refused by
+    :func:`load_for_resume` (a member torch cannot use)."""
+    failures = []
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            if zipfile.is_zipfile(path):
+                with zipfile.ZipFile(path) as archive:
+                    bad = archive.testzip()
+                if bad is not None:
+                    raise zipfile.BadZipFile(f"{bad} fails its CRC check")
+            read_without_torch(path)
+            return
+        except Exception as exc:  # noqa: BLE001 - as load_for_resume: any unreadable file
+            failures.append(f"{path.name}: {_reason(exc)}")
+    if failures:
+        raise _none_readable(directory, failures)
+
+
+def _none_readable(directory: Path, failures: list[str]) -> UserError:
+    return UserError(
         f"--resume: none of the {len(failures)} checkpoint(s) in {directory} can be read "
         f"({'; '.join(failures)})",
         "a truncated or corrupt file (a crash while copying, a full or failing file system) "

@@ -499,8 +499,8 @@ def horovod_mpi_abi(package_dir: str | os.PathLike) -> tuple[str, str] | None:
     """(MPI ABI as ``MPI4PY_MPIABI`` names it, soname) that Horovod's compiled ops link
     against, read from their ELF DT_NEEDED (no import, nothing loaded), or None if no MPI
     library is named."""
-    from ..launcher.abi import family_of_soname
-    from ..launcher.elf import read_elf
+    from ..launcher.mpi.abi import family_of_soname
+    from ..launcher.mpi.elf import read_elf
 
     for lib in sorted(Path(package_dir).glob("*/mpi_lib*.so")):
         for needed in read_elf(lib).needed:

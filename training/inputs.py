@@ -1,10 +1,11 @@
-"""The checks before MPI: everything ``train`` can find wrong with its input, on every rank.
+"""The checks before MPI on every rank, and what they found for the trainer.
 
-Checks that need no MPI (output directory, framework, comm backend, device, data layout, with
-``--resume`` the checkpoint to resume from): a user error stops every rank with
-`error:`/`hint:` before MPI starts and before anything is written, and only rank 0 says it
-(:func:`report_before_mpi`). What the checks found (:class:`Checked`) goes to the trainer;
-this module sits below both ``loop.py`` and ``trainer.py`` and imports neither.
+:func:`before_mpi` runs ``preflight.check_inputs`` (output directory, data layout) and the
+checks of the framework, comm backend and device, and with ``--resume`` reads the checkpoint
+to resume from: a user error stops every rank with `error:`/`hint:` before MPI starts and
+before anything is written, and only rank 0 says it (:func:`report_before_mpi`). What the
+checks found (:class:`Checked`) goes to the trainer; this module sits below both ``loop.py``
+and ``trainer.py`` and imports neither.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ..core.cli import say_error
 from ..core.errors import UserError
 
 from . import checkpoint, recipes
-from .config import TrainConfig, check_comm, check_device, check_framework, check_output_dir
+from .config import TrainConfig, check_comm, check_device, check_framework
+from .preflight import check_inputs
 
 if TYPE_CHECKING:
     from .shower_data import DatasetIndex
@@ -50,17 +52,16 @@ def report_before_mpi(exc: UserError) -> None:
         say_error(exc)
 
 
-def preflight(cfg: TrainConfig) -> Checked:
+def before_mpi(cfg: TrainConfig) -> Checked:
     """Every check that can fail on bad input, before MPI and before writing anything."""
     if cfg.framework == "tensorflow":   # before anything imports TensorFlow (Horovod may)
         # errors only: TF's graph optimiser logs "remapper failed" as an error for the
         # 3DGAN's LeakyReLU gradients and goes on without that fusion (0 shows everything)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    check_output_dir(cfg.out_dir)
     check_framework(cfg)
     check_comm(cfg.comm, cfg.framework)
     check_device(cfg)
-    index, held_out = _data_index(cfg)
+    index, held_out = check_inputs(cfg)
     resume_from = (checkpoint.load_for_resume(cfg.checkpoint_dir, cfg.framework)
                    if cfg.resume else None)
     note = None
@@ -69,17 +70,3 @@ def preflight(cfg: TrainConfig) -> Checked:
         cfg = dataclasses.replace(cfg, **values)
     return Checked(cfg, index, held_out, resume_from, note)
 
-
-def _data_index(cfg: TrainConfig) -> tuple[DatasetIndex | None, DatasetIndex | None]:
-    """--data: (training files, held-out files); --generate: (None, None), the trainer
-    generates both."""
-    if cfg.model != "3dgan":
-        return None, None
-    from .shower_data import find_files, split_files, validate
-
-    if cfg.data:
-        return split_files(validate(find_files(cfg.data)), cfg.test_files)
-    if cfg.generate_events <= 0:
-        raise UserError("3dgan needs data: --data DIR (Ele*_*.h5 files) or --generate EVENTS",
-                        "e.g. train 3dgan --generate 2000 (synthetic showers into OUT/data)")
-    return None, None

@@ -3,9 +3,9 @@
 Order of events on every rank:
 1. the SIGTERM/SIGUSR1 handler (``faults.Preemption``), so a preemption signal that comes
    early only sets the flag, whatever follows;
-2. the checks that need no MPI (``inputs.py``: output directory, data layout, comm
-   backend, with ``--resume`` the checkpoint to resume from) - a user error stops every rank
-   with `error:`/`hint:` before MPI starts and before anything is written;
+2. the checks that need no MPI (``inputs.py``, ``preflight.py``: output directory, data
+   layout, comm backend, with ``--resume`` the checkpoint to resume from) - a user error
+   stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
 3. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
    placement plan;
 4. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
@@ -20,13 +20,13 @@ import os
 
 from .config import TrainConfig
 from .faults import Preemption
-from .inputs import preflight
+from .inputs import before_mpi
 
 
 def run(cfg: TrainConfig) -> int:
     """Entry point on every rank. Returns the process exit code."""
     preemption = Preemption().install()
-    checked = preflight(cfg)   # a UserError here is reported by core.cli.run_main
+    checked = before_mpi(cfg)   # a UserError here is reported by core.cli.run_main
     cfg = checked.config       # a resume's recipe applied
     if cfg.framework == "tensorflow":
         from .tf_trainer import TfTrainer as Trainer

@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..launcher.libmpi import libmpi_path
+from ..launcher.mpi.libmpi import libmpi_path
 from .record import Provenance
 
 

@@ -252,7 +252,7 @@ class Trainer(ABC):
         return out
 
     def _resume(self) -> bool:
-        """Load the checkpoint ``inputs.preflight`` read (``--resume``); none yet: start.
+        """Load the checkpoint ``inputs.before_mpi`` read (``--resume``); none yet: start.
         True when each rank took back its own BatchNorm statistics (they differ)."""
         if self.resume_from is None:
             self._broadcast()

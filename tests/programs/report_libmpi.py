@@ -4,7 +4,7 @@
 
 For tests of unmodified user scripts: the script is not edited, and afterwards one line
 ``libmpi-mapped rank=R path=P`` tells where the MPI library really came from: the file
-that defines ``MPI_Init`` (``hpcai.launcher.libmpi``, by ``dladdr``), e.g. the host's,
+that defines ``MPI_Init`` (``hpcai.launcher.mpi.libmpi``, by ``dladdr``), e.g. the host's,
 bound into a container.
 """
 
@@ -12,7 +12,7 @@ import os
 import runpy
 import sys
 
-from hpcai.launcher.libmpi import libmpi_path
+from hpcai.launcher.mpi.libmpi import libmpi_path
 
 script = sys.argv[1]
 sys.argv = sys.argv[1:]

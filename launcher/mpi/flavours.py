@@ -1,0 +1,142 @@
+"""Finding the MPI to launch with: its launcher, flavour, version and library directory.
+
+Detection runs the launcher's ``--version`` once; the flavour records themselves (how each
+MPI exports env, places and binds ranks, talks to Slurm) are in :mod:`.abi`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...core.errors import UserError
+from .abi import (
+    FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, CompatLink, Flavour)
+
+# The records come from .abi; callers reach them here beside the functions that find them.
+__all__ = ["FLAVOURS", "INTEL", "MPICH", "OPENMPI", "Flavour", "MpiInstall",
+           "classify_version_text", "detect", "find_launcher", "find_libdir", "get", "locate",
+           "resolve"]
+
+
+def get(name: str) -> Flavour:
+    try:
+        return FLAVOURS[name]
+    except KeyError:
+        raise UserError(f"unknown MPI flavour {name!r}",
+                        f"use one of: {', '.join(FLAVOURS)} (or 'auto' to detect it "
+                        "from the launcher on PATH)") from None
+
+
+def classify_version_text(text: str) -> Flavour | None:
+    """Map ``launcher --version`` output to a flavour (None if unknown)."""
+    for flavour in sorted(FLAVOURS.values(), key=lambda f: not f.detect_first):
+        if re.search(flavour.version_pattern, text):
+            return flavour
+    return None
+
+
+@dataclass(frozen=True)
+class MpiInstall:
+    """A detected MPI: its flavour, launcher binary and library directory."""
+
+    flavour: Flavour
+    launcher: str
+    version: str
+    libdir: str | None
+    how: str
+    missing_compat: tuple[CompatLink, ...] = ()   # the family's links libdir lacks
+
+    def to_dict(self) -> dict:
+        return {"flavour": self.flavour.name, "launcher": self.launcher,
+                "version": self.version, "libdir": self.libdir, "how": self.how}
+
+
+def find_launcher(flavour: Flavour | None, env: dict[str, str]) -> str | None:
+    """First launcher binary for ``flavour`` (or any): in the bin/ of the flavour's
+    ``root_var`` (I_MPI_ROOT), then on PATH."""
+    path = env.get("PATH", os.defpath)
+    names = flavour.launchers if flavour else GENERIC_LAUNCHERS
+    if flavour and flavour.root_var and env.get(flavour.root_var):
+        for name in names:
+            candidate = Path(env[flavour.root_var]) / "bin" / name
+            if candidate.exists():
+                return str(candidate)
+    for name in names:
+        found = shutil.which(name, path=path)
+        if found:
+            return found
+    return None
+
+
+def detect(launcher: str, timeout: float = 20.0) -> tuple[Flavour, str]:
+    """Run ``launcher --version`` once and classify it. Raises UserError if unknown."""
+    try:
+        out = subprocess.run([launcher, "--version"], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"cannot run {launcher} --version: {exc}",
+                        f"pass --mpi {'|'.join(FLAVOURS)} and --mpirun PATH") from exc
+    text = out.stdout + out.stderr
+    flavour = classify_version_text(text)
+    if flavour is None:
+        first = text.strip().splitlines()[0] if text.strip() else "(no output)"
+        raise UserError(f"unknown MPI behind {launcher}: {first!r}",
+                        f"hpcai-launch knows {', '.join(FLAVOURS)}; pass --mpi to say which "
+                        "one it is compatible with")
+    marker = re.search(flavour.version_pattern, text)
+    match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text[marker.start():] if marker else text)
+    return flavour, match.group(1) if match else "unknown"
+
+
+def find_libdir(flavour: Flavour, launcher: str) -> str | None:
+    """Directory holding the flavour's libmpi next to the launcher (bin/../lib)."""
+    real = Path(os.path.realpath(launcher))
+    for candidate in (real.parent.parent / "lib", real.parent.parent / "lib64",
+                      *map(Path, SYSTEM_LIBDIRS)):
+        if any((candidate / name).exists() for name in flavour.abi.sonames):
+            return str(candidate)
+    return None
+
+
+def resolve(requested: str, launcher: str | None, env: dict[str, str]) -> MpiInstall:
+    """Find and identify the MPI to launch with (the one impure step of planning)."""
+    wanted = None if requested == "auto" else get(requested)
+    binary = launcher or find_launcher(wanted, env)
+    if binary is None:
+        what = wanted.title if wanted else "an MPI launcher (mpirun/mpiexec)"
+        raise UserError(f"no {what} found on PATH",
+                        "install MPI (see README), load its module, or pass --mpirun PATH")
+    if launcher and not shutil.which(launcher):
+        raise UserError(f"MPI launcher {launcher} does not exist or is not executable",
+                        "check --mpirun, or leave it out to search PATH")
+    detected, version = detect(binary)
+    if wanted is not None and wanted.family != detected.family:
+        raise UserError(f"--mpi {wanted.name} asked for, but {binary} is {detected.title}",
+                        f"pass --mpirun with a {wanted.title} launcher or --mpi {detected.name}")
+    flavour = wanted or detected
+    how = (f"{binary} --version says {detected.title} {version}" +
+           ("" if wanted is None else f"; --mpi {wanted.name}"))
+    libdir = find_libdir(flavour, binary)
+    return MpiInstall(flavour, binary, version, libdir, how, missing_compat(flavour, libdir))
+
+
+def locate(flavour: Flavour, launcher: str | None, env: dict[str, str]) -> MpiInstall:
+    """Where a flavour named by the user lives, without running anything (per-rank use)."""
+    binary = launcher or find_launcher(flavour, env) or ""
+    libdir = find_libdir(flavour, binary) if binary else None
+    return MpiInstall(flavour, binary, "unknown", libdir, f"--mpi {flavour.name}",
+                      missing_compat(flavour, libdir))
+
+
+def missing_compat(flavour: Flavour, libdir: str | None) -> tuple[CompatLink, ...]:
+    """The family's compat links that ``libdir`` lacks while it has their target (Debian's
+    MPICH: ``libmpich.so.12`` but no ``libmpi.so.12``); the plan makes them."""
+    if not libdir:
+        return ()
+    return tuple(c for c in flavour.abi.compat if not (Path(libdir) / c.name).exists()
+                 and (Path(libdir) / c.target).exists())
