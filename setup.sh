@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything (idempotent), then run the default demo: a short 2-rank 3DGAN training
 # on generated showers through hpcai-launch. Every rank reports its CPU binding; rank 0
-# prints one line per epoch (time split, samples/s, GFLOP/s and % of peak, losses).
+# prints one line per epoch (time, samples/s, % of peak, the main losses, the worst energy
+# bin of the held-out validation); hpcai-launch report out/demo shows the full records.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 bash scripts/install.sh

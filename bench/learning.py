@@ -361,11 +361,12 @@ def budgets(runs: list[dict], steps_per_epoch: int) -> dict | None:
 
 
 def constant_rate(args: argparse.Namespace) -> bool:
-    """No learning-rate decay among the training arguments: a decay depends on the whole
-    run's length, so a shorter run is not a prefix of a longer one."""
-    flat = " ".join(args.train_args).replace("=", " ").split()
-    return ("--lr-decay" not in flat
-            or flat[flat.index("--lr-decay") + 1:][:1] == ["none"])
+    """No learning-rate decay in the training's settings (the recipe's, or a --lr-decay
+    given): a decay depends on the whole run's length, so a shorter run is not a prefix of a
+    longer one."""
+    from hpcai.training.config import parse
+
+    return parse(["3dgan", "--generate", "1", *args.train_args]).lr_decay == "none"
 
 
 def table(runs: list[dict]) -> str:

@@ -102,7 +102,7 @@ def test_the_first_average_is_the_first_weights_and_the_state_round_trips():
 
 
 def _gan(decay: float | None, *extra: str) -> GanTask:
-    args = ["3dgan", "--generate", "8", "--cell-scale", "100", *extra]
+    args = ["3dgan", "--generate", "8", "--recipe", "cern2019", "--cell-scale", "100", *extra]
     if decay is not None:
         args += ["--generator-ema", str(decay)]
     cfg = parse(args)
@@ -161,7 +161,7 @@ def test_physics_pass_judges_the_average_beside_the_raw_generator():
 
 GAN = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
        "--validate-every", "1", "--validate-events", "8", "--eval-samples", "0",
-       "--peak-gflops", "50", "--cell-scale", "100"]
+       "--peak-gflops", "50", "--recipe", "cern2019", "--cell-scale", "100"]
 
 
 def _last(out) -> dict:
@@ -173,7 +173,7 @@ def test_physics_json_has_both_generators_and_resume_keeps_the_average(tmp_path)
     straight = tmp_path / "straight"
     result = train(2, *GAN, "--epochs", "2", "--generator-ema", "0.5", "--out", str(straight))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "held out (generator weight average):" in result.stdout
+    assert "| avg: worst sum/E" in result.stdout
     whole = _last(straight)
     assert whole["generator"] == "average"
     (raw,) = whole["others"]

@@ -72,7 +72,8 @@ def checkpoint_of(tmp_path_factory):
 
 
 @pytest.mark.parametrize("model,args", [
-    ("3dgan", ("3dgan", "--generate", "8", "--batch-size", "2")),
+    # cern2019: the generator as trained (no cell scale, its moving statistics)
+    ("3dgan", ("3dgan", "--generate", "8", "--batch-size", "2", "--recipe", "cern2019")),
     ("resnet50", RESNET50),
 ])
 def test_export_matches_the_framework(model, args, checkpoint_of, tmp_path):
@@ -112,7 +113,7 @@ def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
     BatchNorm layout and its showers in GeV: ONNX matches the checkpoint's generator ÷ 100.
     Control: the generator's raw output (GeV x 100) fails the same comparison."""
     ckpt = _checkpoint(tmp_path, "3dgan", "--generate", "8", "--batch-size", "2",
-                       "--cell-scale", "100", "--bn-axis", "depth")
+                       "--recipe", "cern2019", "--cell-scale", "100", "--bn-axis", "depth")
     onnx_file = tmp_path / "g.onnx"
     result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
                   str(onnx_file)], base_env(), timeout=300)
@@ -133,9 +134,11 @@ def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
 
 
 def _three_steps(out: Path, *flags: str) -> tuple[Path, dict]:
-    """A 1-rank 3DGAN run of three steps with ``flags``: its checkpoint and what it holds."""
+    """A 1-rank 3DGAN run of three steps with ``--recipe cern2019`` (no cell scale, moving
+    statistics) and ``flags``: its checkpoint and what it holds."""
     result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
-                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3", *flags,
+                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3",
+                  "--recipe", "cern2019", *flags,
                   "--peak-gflops", "50", "--eval-samples", "0", "--validate-events", "0",
                   "--out", str(out)], base_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

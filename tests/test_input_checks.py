@@ -197,6 +197,9 @@ def test_options_of_the_other_launcher(box):
     (["--validate-bn", "fresh"], "argument --validate-bn: invalid choice: 'fresh'"),
     (["--framework", "tensorflow", "--validate-bn", "standing"],
      "--validate-bn standing is implemented for PyTorch only"),
+    (["--recipe", "cern2020"], "argument --recipe: invalid choice: 'cern2020'"),
+    (["--framework", "tensorflow", "--recipe", "learning"],
+     "--recipe learning is implemented for PyTorch only"),
 ])
 def test_train_refuses_numbers_and_options_it_would_ignore(box, args, fragment):
     refused(box.run("train", "3dgan", "--generate", "8", "--out", str(box.out), *args), box,
@@ -216,6 +219,8 @@ def test_resnet_refuses_the_3dgan_data_options(box):
                     str(box.out)), box, "--validate-draws is for 3dgan")
     refused(box.run("hpcai-train", "resnet-tiny", "--validate-bn", "standing", "--out",
                     str(box.out)), box, "--validate-bn is for 3dgan")
+    refused(box.run("hpcai-train", "resnet-tiny", "--recipe", "cern2019", "--out",
+                    str(box.out)), box, "--recipe is for 3dgan")
 
 
 # --- hpcai-launch -- train: checked once, before any rank starts -------------------------

@@ -148,8 +148,10 @@ def test_ended_at_cuts_the_run_there():
 
 
 @pytest.mark.parametrize("train_args,constant", [
-    ([], True), (["--lr", "0.0002"], True), (["--lr-decay", "none"], True),
-    (["--lr-decay=none"], True), (["--lr-decay", "cosine"], False),
+    ([], False), (["--lr", "0.0002"], False),   # the default recipe's step decay
+    (["--recipe", "cern2019"], True), (["--recipe=cern2019", "--lr", "0.0002"], True),
+    (["--lr-decay", "none"], True), (["--lr-decay=none"], True),
+    (["--lr-decay", "cosine"], False), (["--recipe", "cern2019", "--lr-decay", "step"], False),
     (["--lr-decay=cosine", "--lr", "1e-3"], False)])
 def test_budgets_only_for_a_constant_rate(train_args, constant):
     class Args:
@@ -224,8 +226,8 @@ def test_the_raw_generator_of_an_averaged_run_is_judged_as_the_control():
     assert raw[0]["generator"] == "raw" and "raw" not in raw[0]
     assert not learning.judge(raw)["passed"]
 
-    class Args:
-        train_args: list = []
+    class Args:   # a constant rate (no decay), so the budgets are judged too
+        train_args: list = ["--recipe", "cern2019"]
     got = learning.control(runs, 16, Args())["raw_generator"]
     assert not got["verdict"]["passed"] and got["budgets"]["passing_steps"] == []
     assert learning.budgets(runs, 16)["passing_steps"] == [48]

@@ -6,9 +6,10 @@ Run it under the launcher, which places and binds the ranks:
   hpcai-launch --ranks-per-node 4 -- train 3dgan --data /scratch/ecal --batch-size 16
   hpcai-launch -N 2 -- train resnet50 --samples 256 --batch-size 32
 
-Each epoch appends one JSON record to OUT/epochs.jsonl (rank 0) and prints a line: epoch
-time, compute/communication/data split, samples/s, GFLOP/s and % of peak. Checkpoints go to
-OUT/checkpoints; SIGTERM/SIGUSR1 checkpoint and exit 75; --resume continues.
+Each epoch appends one JSON record to OUT/epochs.jsonl (rank 0; `hpcai-launch report OUT`
+shows them) and prints a short line: epoch time, samples/s, % of peak, the main losses and
+the worst held-out energy bin (console.py). Checkpoints go to OUT/checkpoints; SIGTERM/SIGUSR1
+checkpoint and exit 75; --resume continues.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..core.cli import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .loop import report_before_mpi
+    from .inputs import report_before_mpi
 
     return run_main(_train, argv, report=report_before_mpi)
 

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from ..core.errors import UserError
 from ..models.gan3d_spec import LOSS_WEIGHTS
+from . import recipes
 from .schedule import DECAYS
 
 MODELS = ("3dgan", "resnet50", "resnet-tiny")
@@ -28,8 +29,7 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 LR_DECAYS = tuple(DECAYS)   # training/schedule.py owns the decays
 TF_MODELS = ("3dgan", "resnet50")
 
-DEFAULTS = {  # per-rank batch, base lr (before scaling), optimiser
-    "3dgan": (16, 1e-3, "adam"),
+DEFAULTS = {  # ResNets: per-rank batch, base lr (before scaling), optimiser (3dgan: recipes.py)
     "resnet50": (32, 0.0125, "sgd"),
     "resnet-tiny": (16, 0.0125, "sgd"),
 }
@@ -86,6 +86,9 @@ class TrainConfig:
     loss_weights: tuple[float, float, float] = LOSS_WEIGHTS   # 3dgan (BCE, aux, ecal)
     generator_ema: float | None = None   # 3dgan: decay of the generator's weight average
     validate_bn: str = "moving"       # 3dgan: the judged generator's BatchNorm statistics
+    recipe: str | None = None         # 3dgan: recipes.py (parse() puts the default)
+    overrides: tuple[str, ...] = ()   # 3dgan: the recipe's settings given as flags (and
+                                      # "recipe" when --recipe was given)
     precision: str = "fp32"           # "tf32", "bf16" (autocast): --device cuda only
 
     @property
@@ -106,7 +109,7 @@ class TrainConfig:
 
 
 # settings a resumed run may change without it meaning anything for the training
-_RESUME_NEUTRAL = frozenset({"resume", "out"})
+_RESUME_NEUTRAL = frozenset({"resume", "out", "overrides"})
 
 
 def changed_settings(saved: dict, now: dict) -> list[str]:
@@ -128,20 +131,24 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("model", choices=MODELS)
     p.add_argument("--out", default="out", help="output directory (logs, checkpoints)")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--recipe", choices=tuple(recipes.RECIPES), default=None,
+                   help=recipes.HELP)
     p.add_argument("--batch-size", type=int, default=None,
-                   help="per rank (default: 3dgan 16, resnet50 32, resnet-tiny 16)")
+                   help="per rank (default: 3dgan the recipe's, resnet50 32, resnet-tiny 16)")
     p.add_argument("--lr", type=float, default=None,
                    help="per-rank base learning rate (multiplied by the world size; "
-                        "default: the model's)")
+                        "default: the model's, for 3dgan the recipe's)")
     p.add_argument("--lr-scaling", choices=("linear", "none"), default="linear")
-    p.add_argument("--warmup-epochs", type=float, default=0.0, help="0: no warm-up")
-    p.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
-                   help="after the warm-up: none (a constant rate, as CERN's trainer), "
+    p.add_argument("--warmup-epochs", type=float, default=None,
+                   help="0: no warm-up (default 0)")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default=None,
+                   help="after the warm-up (default: none; 3dgan: the recipe's): none (a "
+                        "constant rate, as CERN's trainer), "
                         "cosine (half a cosine from the rate down to 0 at the end of the "
                         "last epoch, counted in --epochs x steps per epoch) or step (the "
                         "rate for the first 80 %% of those steps, a tenth of it after)")
     p.add_argument("--optimizer", choices=("adam", "rmsprop", "sgd"), default=None,
-                   help="default: adam for 3dgan, sgd for the ResNets")
+                   help="default: the recipe's (adam) for 3dgan, sgd for the ResNets")
     p.add_argument("--data", help="directory of Ele*_*.h5 files (3dgan)")
     p.add_argument("--generate", type=int, default=0, metavar="EVENTS",
                    help="first generate EVENTS synthetic showers into OUT/data (3dgan)")
@@ -211,8 +218,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "generator steps: left alone (default) or updated as CERN's trainer "
                         "does (docs/3dgan.md)")
     p.add_argument("--cell-scale", type=float, default=None, metavar="S",
-                   help="3dgan: the networks see the cells in GeV x S (default 1, as CERN's "
-                        "2019 trainer behind the papers; 100 as its 2020 version); the ecal "
+                   help="3dgan: the networks see the cells in GeV x S (default: the "
+                        "recipe's; 1 as CERN's 2019 trainer behind the papers, 100 as its "
+                        "2020 version); the ecal "
                         "loss, physics validation and generated showers stay in GeV "
                         "(docs/3dgan.md)")
     p.add_argument("--loss-weights", type=loss_weights, default=None, metavar="BCE,AUX,ECAL",
@@ -225,11 +233,12 @@ def make_parser() -> argparse.ArgumentParser:
                         "physics validation then judges the average, with the raw generator "
                         "beside it, and export-onnx exports it. Off by default, as CERN's "
                         "trainer (a departure, docs/3dgan.md)")
-    p.add_argument("--validate-bn", choices=VALIDATE_BN, default="moving",
+    p.add_argument("--validate-bn", choices=VALIDATE_BN, default=None,
                    help="3dgan: the BatchNorm statistics the trained generator is judged and "
-                        "exported with: its moving averages (default, as CERN's predict), or "
-                        "standing ones, measured afresh for its weights at each validation on "
-                        "fixed inputs (the moving averages lag the weights; docs/3dgan.md)")
+                        "exported with (default: the recipe's): its moving averages (as "
+                        "CERN's predict), or standing ones, measured afresh for its weights at "
+                        "each validation on fixed inputs (the moving averages lag the weights; "
+                        "docs/3dgan.md)")
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="cuda: each rank computes on a GPU (its local rank modulo the GPUs "
                         "it sees); gradients are averaged with NCCL (--comm nccl, the default) "
@@ -255,18 +264,25 @@ def loss_weights(text: str) -> tuple[float, float, float]:
 
 def parse(argv: list[str]) -> TrainConfig:
     """The ``train`` command line, checked (:func:`check_options`, :func:`check_numbers`);
-    an option left out takes the model's default."""
+    an option left out takes the model's default, for 3dgan its recipe's
+    (``recipes.py``)."""
     ns = make_parser().parse_args(argv)
     check_options(ns)
-    batch, lr, opt = DEFAULTS[ns.model]
+    given = {key: getattr(ns, key) for key in recipes.TUNED if getattr(ns, key) is not None}
+    if ns.model == "3dgan":
+        name = recipes.choose(ns.recipe, ns.framework)
+        overrides = tuple(key for key in recipes.TUNED if key in given)
+        tuned = recipes.apply(given, name, overrides)
+        tuned["overrides"] = overrides + (("recipe",) if ns.recipe else ())
+    else:
+        batch, lr, opt = DEFAULTS[ns.model]
+        tuned = {"batch_size": batch, "lr": lr, "optimizer": opt, "warmup_epochs": 0.0,
+                 "lr_decay": "none", **given}
     image = {key: getattr(ns, key) if getattr(ns, key) is not None else value
              for key, value in IMAGE_DEFAULTS.items()}
     cfg = TrainConfig(
-        model=ns.model, out=ns.out, epochs=ns.epochs,
-        batch_size=batch if ns.batch_size is None else ns.batch_size,
-        lr=lr if ns.lr is None else ns.lr, lr_scaling=ns.lr_scaling,
-        warmup_epochs=ns.warmup_epochs, lr_decay=ns.lr_decay,
-        optimizer=ns.optimizer or opt, data=ns.data,
+        model=ns.model, out=ns.out, epochs=ns.epochs, **tuned, lr_scaling=ns.lr_scaling,
+        data=ns.data,
         generate_events=ns.generate, **image,
         comm=ns.comm or ("nccl" if ns.device == "cuda" else "mpi"), framework=ns.framework,
         bucket_mb=BUCKET_MB if ns.bucket_mb is None else ns.bucket_mb,
@@ -282,9 +298,9 @@ def parse(argv: list[str]) -> TrainConfig:
         validate_draws=1 if ns.validate_draws is None else ns.validate_draws,
         bn_axis=ns.bn_axis,
         d_bn_in_g_steps=ns.d_bn_in_g_steps,
-        cell_scale=1.0 if ns.cell_scale is None else ns.cell_scale, device=ns.device,
+        device=ns.device,
         loss_weights=LOSS_WEIGHTS if ns.loss_weights is None else ns.loss_weights,
-        generator_ema=ns.generator_ema, validate_bn=ns.validate_bn,
+        generator_ema=ns.generator_ema,
         precision=ns.precision or ("tf32" if ns.device == "cuda" else "fp32"))
     check_numbers(cfg)
     return cfg
@@ -309,10 +325,11 @@ def check_options(ns: argparse.Namespace) -> None:
                     ("--validate-draws", ns.validate_draws is not None),
                     ("--bn-axis", ns.bn_axis != "channels"),
                     ("--d-bn-in-g-steps", ns.d_bn_in_g_steps != "freeze"),
+                    ("--recipe", ns.recipe is not None),
                     ("--cell-scale", ns.cell_scale is not None),
                     ("--loss-weights", ns.loss_weights is not None),
                     ("--generator-ema", ns.generator_ema is not None),
-                    ("--validate-bn", ns.validate_bn != "moving"))
+                    ("--validate-bn", ns.validate_bn is not None))
         for flag, value in gan_only:
             if value:
                 raise UserError(f"{flag} is for 3dgan; {ns.model} trains on synthetic images",
@@ -325,7 +342,8 @@ def check_options(ns: argparse.Namespace) -> None:
                                      ("--loss-weights", ns.loss_weights or LOSS_WEIGHTS,
                                       LOSS_WEIGHTS),
                                      ("--generator-ema", ns.generator_ema, None),
-                                     ("--validate-bn", ns.validate_bn, "moving")):
+                                     ("--validate-bn", ns.validate_bn or "moving",
+                                      "moving")):
             if value != default:
                 raise UserError(f"{flag} {value} is implemented for PyTorch only",
                                 f"use --framework pytorch, or leave {flag} out ({default})")
@@ -367,7 +385,8 @@ def check_numbers(cfg: TrainConfig) -> None:
                         "e.g. --bucket-mb 4")
     if not 0 < cfg.cell_scale < float("inf"):
         raise UserError(f"--cell-scale must be a positive number, got {cfg.cell_scale:g}",
-                        "e.g. --cell-scale 100 (CERN's 2020 trainer), or leave it out (1)")
+                        "e.g. --cell-scale 100 (CERN's 2020 trainer), or leave it out (the "
+                        "recipe's)")
     not_negative = (("--generate", cfg.generate_events), ("--verify-every", cfg.verify_every),
                     ("--checkpoint-every", cfg.checkpoint_every),
                     ("--max-steps", cfg.max_steps), ("--eval-samples", cfg.eval_samples),

@@ -109,7 +109,7 @@ def pass_flops(model, *, train_weights: bool, input_grad: bool, backward: bool =
 # -- 3DGAN ---------------------------------------------------------------------------------
 class KerasGanTask:
     name = "3dgan"
-    loss_keys = ("d_real", "d_fake", "g", "d_real_aux", "g1_aux", "g1_ecal")
+    loss_keys = ("g", "d_real", "d_fake")   # the epoch line's; epochs.jsonl has all
     flop_convention = FLOP_CONVENTION_TF
     generators = ("raw",)   # no --generator-ema with TensorFlow
 

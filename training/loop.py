@@ -3,9 +3,9 @@
 Order of events on every rank:
 1. the SIGTERM/SIGUSR1 handler (``faults.Preemption``), so a preemption signal that comes
    early only sets the flag, whatever follows;
-2. checks that need no MPI (output directory, data layout, comm backend, with ``--resume``
-   the checkpoint to resume from) - a user error stops every rank with `error:`/`hint:`
-   before MPI starts and before anything is written;
+2. the checks that need no MPI (``inputs.py``, ``preflight.py``: output directory, data
+   layout, comm backend, with ``--resume`` the checkpoint to resume from) - a user error
+   stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
 3. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
    placement plan;
 4. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
@@ -17,63 +17,17 @@ Order of events on every rank:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..core.cli import say_error
-from ..core.errors import UserError
-
-from . import checkpoint
-from .config import TrainConfig, check_comm, check_device, check_framework
+from .config import TrainConfig
 from .faults import Preemption
-from .preflight import check_inputs
-
-if TYPE_CHECKING:
-    from .shower_data import DatasetIndex
-
-
-@dataclass(frozen=True)
-class Checked:
-    """What the checks before MPI found."""
-
-    index: DatasetIndex | None               # the 3DGAN's --data training files, validated
-    held_out: DatasetIndex | None            # and its held-out files (--test-files)
-    resume_from: tuple[Path, dict] | None    # --resume: the checkpoint and its state
-
-
-def _rank_from_env() -> int:
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
-
-
-def report_before_mpi(exc: UserError) -> None:
-    """Every rank hit the same user error before MPI started: only rank 0 says it."""
-    if _rank_from_env() == 0:
-        say_error(exc)
-
-
-def preflight(cfg: TrainConfig) -> Checked:
-    """Every check that can fail on bad input, before MPI and before writing anything."""
-    if cfg.framework == "tensorflow":   # before anything imports TensorFlow (Horovod may)
-        # errors only: TF's graph optimiser logs "remapper failed" as an error for the
-        # 3DGAN's LeakyReLU gradients and goes on without that fusion (0 shows everything)
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    check_framework(cfg)
-    check_comm(cfg.comm, cfg.framework)
-    check_device(cfg)
-    index, held_out = check_inputs(cfg)
-    resume_from = (checkpoint.load_for_resume(cfg.checkpoint_dir, cfg.framework)
-                   if cfg.resume else None)
-    return Checked(index, held_out, resume_from)
+from .inputs import before_mpi
 
 
 def run(cfg: TrainConfig) -> int:
     """Entry point on every rank. Returns the process exit code."""
     preemption = Preemption().install()
-    checked = preflight(cfg)   # a UserError here is reported by core.cli.run_main
+    checked = before_mpi(cfg)   # a UserError here is reported by core.cli.run_main
+    cfg = checked.config       # a resume's recipe applied
     if cfg.framework == "tensorflow":
         from .tf_trainer import TfTrainer as Trainer
 

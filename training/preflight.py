@@ -1,6 +1,6 @@
 """A ``train`` command's inputs, checked without a framework and without MPI.
 
-:func:`check_inputs` is what every rank checks first (``loop.preflight`` runs it, then the
+:func:`check_inputs` is what every rank checks first (``inputs.before_mpi`` runs it, then the
 framework's own checks): the output directory can be written, the 3DGAN has a data source
 and its ``--data`` files have the layout it reads, and with ``--resume`` a checkpoint in
 ``OUT/checkpoints`` can be read. :func:`preflight` parses a whole command line and runs the

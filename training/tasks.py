@@ -103,7 +103,7 @@ class GanTask:
 
     name = "3dgan"
     flop_convention = FLOP_CONVENTION
-    loss_keys = ("d_real", "d_fake", "g", "d_real_aux", "g1_aux", "g1_ecal")
+    loss_keys = ("g", "d_real", "d_fake")   # the epoch line's; epochs.jsonl has all
 
     def __init__(self, cfg: TrainConfig, lr: float,
                  device: torch.device = torch.device("cpu")) -> None:

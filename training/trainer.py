@@ -27,11 +27,12 @@ from mpi4py import MPI
 
 from ..core.errors import UserError
 
-from . import checkpoint
+from . import checkpoint, recipes
 from .batches import BatchStream, EpochSharder
 from .config import TrainConfig, changed_settings
+from .console import Progress, epoch_line, worst_bin
 from .faults import EXIT_PREEMPTED, Preemption
-from .loop import Checked
+from .inputs import Checked
 from .metrics import provenance
 from .record import AllreduceTotals, EpochRecord, Peak, Provenance
 from .replicas import verify
@@ -66,6 +67,7 @@ class Trainer(ABC):
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
         self.preemption = preemption
         self.resume_from = checked.resume_from
+        self.note = checked.note
         self.watch = Watchdog(comm, cfg.stall_timeout)
         self.threads = self._threads()
         self.data, self.sharder, held_out = self._data(checked.index, checked.held_out)
@@ -97,7 +99,8 @@ class Trainer(ABC):
     @abstractmethod
     def _make_task(self):
         """The model as a task: ``train_step(x, y, rng, after_backward)``, ``evaluate(x, y)``
-        (NumPy batches), ``flops_per_sample()``, ``flop_convention``, ``loss_keys``."""
+        (NumPy batches), ``flops_per_sample()``, ``flop_convention``, ``loss_keys`` (the losses
+        the epoch line shows)."""
 
     @abstractmethod
     def _make_reducers(self) -> dict:
@@ -260,7 +263,7 @@ class Trainer(ABC):
         return out
 
     def _resume(self) -> bool:
-        """Load the checkpoint ``loop.preflight`` read (``--resume``); none yet: start.
+        """Load the checkpoint ``inputs.before_mpi`` read (``--resume``); none yet: start.
         True when each rank took back its own BatchNorm statistics (they differ)."""
         if self.resume_from is None:
             self._broadcast()
@@ -337,9 +340,13 @@ class Trainer(ABC):
                           framework_version=self._framework_version())
         if self.rank == 0:
             cfg.out_dir.mkdir(parents=True, exist_ok=True)
+            if self.note:
+                print(f"hpcai-train: {self.note}", flush=True)
+            recipe = recipes.describe(cfg.recipe, cfg.overrides)
             print(f"hpcai-train: {cfg.model} ({self.framework}) on {self.world} rank(s) x "
-                  f"{self.threads} thread(s), batch {cfg.batch_size}/rank, lr {self.target_lr:g} "
-                  f"({cfg.lr_scaling} scaling of {cfg.lr:g}), {self.steps} steps/epoch, "
+                  f"{self.threads} thread(s), {recipe}batch {cfg.batch_size}/rank, "
+                  f"lr {self.target_lr:g} ({cfg.lr_scaling} scaling of {cfg.lr:g}, decay "
+                  f"{cfg.lr_decay}), {self.steps} steps/epoch, "
                   f"{flops / 1e9:.3f} GFLOP/sample, comm {self.comm_backend}, "
                   f"{prov.mpi_library_version[:40]}, stall timeout {self.watch.describe()}",
                   flush=True)
@@ -377,6 +384,7 @@ class Trainer(ABC):
         stream = BatchStream(self.sharder, self.data, epoch, start_step=first_step,
                              prefetch=cfg.prefetch)
         watch = self.watch
+        progress = Progress(epoch, self.steps) if self.rank == 0 else None
         try:
             watch.begin_step(self.global_step)
             for step, x, y in stream:
@@ -392,8 +400,9 @@ class Trainer(ABC):
                 steps_done += 1
                 self.global_step += 1
                 self._maybe_inject_fault()
-                if self.rank == 0:
+                if progress is not None:
                     step_log.append({"epoch": epoch, "step": step, "lr": lr, **losses})
+                    progress.step(step + 1)
                 if cfg.verify_every and self.global_step % cfg.verify_every == 0:
                     watch.enter("replica check")
                     verify_s += self._verify(exact=False, what="weights")
@@ -410,6 +419,8 @@ class Trainer(ABC):
                 watch.begin_step(self.global_step)
         finally:
             stream.close()
+            if progress is not None:
+                progress.clear()
         if preempted:
             return True
         if not steps_done and first_step:   # resumed after the last step: its rate
@@ -438,7 +449,7 @@ class Trainer(ABC):
         imbalance_mean = mean(sum(s.imbalance_s for s in stats))
         data_mean = mean(data_s)
         max_rss_mb = round(comm.allreduce(_max_rss_mb(), op=MPI.MAX), 1)
-        physics_summary = None
+        physics_summary = physics_words = None
         if self.validator is not None and due(epoch, cfg.epochs, cfg.validate_every):
             watch.enter("physics validation")   # collective: every rank its share
             validations = self.validator.run(self.task, epoch)
@@ -448,6 +459,7 @@ class Trainer(ABC):
                 if draw:
                     self.plots.drawn()
                 physics_summary = validations[0].summary()
+                physics_words = worst_bin(validations[0])
         watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
         evaluated = self._evaluate() if self.rank == 0 and cfg.eval_samples > 0 else None
         record = EpochRecord(
@@ -484,25 +496,10 @@ class Trainer(ABC):
         if self.rank == 0:
             with open(cfg.out_dir / "epochs.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(record.to_json() + "\n")
-            self._print_epoch(record)
+            print(epoch_line(record, self.task.loss_keys, physics_words,
+                             "avg" if cfg.generator_ema else None), flush=True)
         self._save(epoch + 1, 0, step_log)
         return False
-
-    def _print_epoch(self, r: EpochRecord) -> None:
-        main_losses = " ".join(f"{k} {v:.4g}" for k, v in r.losses.items()
-                               if k in self.task.loss_keys)
-        evaluated = " ".join(f"{k} {v:.4g}" for k, v in (r.eval or {}).items()
-                             if k != "samples")
-        if evaluated:
-            main_losses += f" | on {r.eval['samples']} fixed samples: {evaluated}"
-        if r.physics:
-            which = " (generator weight average)" if self.cfg.generator_ema else ""
-            main_losses += f" | held out{which}: " + " ".join(
-                f"{k} {v:.4g}" for k, v in r.physics.items() if k != "events")
-        print(f"epoch {r.epoch}: {r.epoch_time_s:.2f} s (compute {r.compute_s:.2f}, comm "
-              f"{r.comm_s:.2f}, data {r.data_s:.2f}), {r.samples_per_s:.2f} samples/s, "
-              f"{r.gflops_total:.1f} GFLOP/s = {r.pct_of_peak:.1f}% of {r.precision} peak "
-              f"{r.peak.gflops_per_rank:.1f}/rank | {main_losses}", flush=True)
 
     def _evaluate(self) -> dict[str, float]:
         """Rank 0: the task's metrics on a fixed sample, the last ``eval_samples`` events of

@@ -2,8 +2,9 @@
 
     hpcai-launch report RESULTS [--out DIR] [--include-first-epoch]
 
-(A 3DGAN run directory, one holding ``physics.json``, gets its physics validation instead:
-``physics_report``.)
+(A training run directory, one holding ``epochs.jsonl`` but no ``point.json``, gets its
+full epoch records instead, ``epochs_report``; a 3DGAN one, holding ``physics.json``, its
+physics validation too, ``physics_report``.)
 
 Reads what ``hpcai-launch sweep`` leaves behind, one directory per point::
 
@@ -423,8 +424,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = Parser(prog="hpcai-launch report",
                      description="Scaling tables and a plot from a sweep's results.")
     parser.add_argument("results", metavar="RESULTS",
-                        help="the directory the sweep wrote, or a 3dgan run directory "
-                             "(its physics.json: tables and PNGs)")
+                        help="the directory the sweep wrote, or a training run directory "
+                             "(train --out: every field of its epochs.jsonl, and a 3dgan "
+                             "run's physics.json as tables and PNGs)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="where scaling.{md,csv,json,png} go (default RESULTS)")
     parser.add_argument("--include-first-epoch", action="store_true",
@@ -437,6 +439,13 @@ def run(argv: list[str]) -> int:
     ns = _parse(argv)
     results = Path(ns.results)
     out = Path(ns.out) if ns.out else results
+    if (results / EPOCHS_FILE).is_file() and not (results / POINT_FILE).exists():
+        from .epochs_report import run as epochs_report   # one training run
+
+        epochs_report(results)
+        if not (results / PHYSICS_FILE).is_file():
+            return 0
+        print()
     if (results / PHYSICS_FILE).is_file():
         from .physics_report import run as physics_report
 
