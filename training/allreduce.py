@@ -196,9 +196,16 @@ class _Bucket:
     flat: torch.Tensor
     offsets: list[int]
     views: list[torch.Tensor] = field(default_factory=list)
-    ready: int = 0
-    scaled: bool = False      # holds this rank's share (gradient / world size)
+    ready: int = 0            # gradients arrived since the last synchronize
+    divided: int = 0          # of those, from a backward whose loss was divided
+    shares: list[bool] = field(default_factory=list)   # per parameter: arrived so divided
+    arrived: list[bool] = field(default_factory=list)
     request: object = None    # a pending reduction (non-blocking progress); None when done
+
+    def reset(self) -> None:
+        n = len(self.params)
+        self.ready, self.divided, self.request = 0, 0, None
+        self.shares, self.arrived = [False] * n, [False] * n
 
 
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
@@ -247,8 +254,8 @@ class GradAllreducer:
         self.stats = SyncStats()
         self.buckets = self._make_buckets(
             [p for p in module.parameters() if p.requires_grad], int(bucket_mb * 2**20))
-        self._arrivals = {id(p): (b, p, v) for b in self.buckets
-                          for p, v in zip(b.params, b.views)}
+        self._arrivals = {id(p): (b, i, v) for b in self.buckets
+                          for i, (p, v) in enumerate(zip(b.params, b.views))}
         self._pending: list = []
         self._accumulated = False
         self._handles = []
@@ -275,7 +282,9 @@ class GradAllreducer:
             if p.grad is not None:
                 view.copy_(p.grad)
             p.grad = view   # backward accumulates straight into the bucket
-        return _Bucket(params=params, flat=flat, offsets=offsets, views=views)
+        bucket = _Bucket(params=params, flat=flat, offsets=offsets, views=views)
+        bucket.reset()
+        return bucket
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """``loss.backward(**kwargs)`` with the loss divided by the world size: backward then
@@ -292,17 +301,21 @@ class GradAllreducer:
 
     # -- the backward hook ----------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        bucket, _, view = self._arrivals[id(param)]
+        bucket, i, view = self._arrivals[id(param)]
         grad = param.grad
         if grad is not view and grad.data_ptr() != view.data_ptr():
             view.copy_(grad)   # replaced (zero_grad(set_to_none=True)): copied in once
             param.grad = view
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
-            bucket.scaled = _loss_divided_by == self.size
-            self._complete(bucket)
-        elif bucket.ready > len(bucket.params):
+        if bucket.arrived[i]:
             self._accumulated = True
+            return
+        bucket.arrived[i] = True
+        bucket.ready += 1
+        if _loss_divided_by == self.size:
+            bucket.shares[i] = True
+            bucket.divided += 1
+        if bucket.ready == len(bucket.params):
+            self._complete(bucket)
         if self._pending:
             self.transport.poke(self._pending)
     def _complete(self, bucket: _Bucket) -> None:
@@ -310,9 +323,12 @@ class GradAllreducer:
         (while backward just wrote them, unless the loss was divided) and, overlapping,
         reduce them now."""
         start = time.perf_counter()
-        if not bucket.scaled:
+        if bucket.divided == 0:
             bucket.flat.div_(self.size)
-            bucket.scaled = True
+        elif bucket.divided < len(bucket.params):   # some came from a divided loss
+            for view, share in zip(bucket.views, bucket.shares):
+                if not share:
+                    view.div_(self.size)
         if self.overlap:
             self._reduce(bucket)
         self.stats.wait_s += time.perf_counter() - start   # the main thread's, in backward
@@ -380,7 +396,7 @@ class GradAllreducer:
 
     def _reset(self) -> None:
         for bucket in self.buckets:
-            bucket.ready, bucket.scaled, bucket.request = 0, False, None
+            bucket.reset()
         self._pending = []
         self._accumulated = False
 
