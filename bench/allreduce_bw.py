@@ -206,7 +206,8 @@ def main() -> int:
         best = _best_raw(secs)
         for k, v in secs.items():
             med = _median(v)
-            print(f"{name:9s} {r['bytes'] / 1e6:6.1f} MB {k:14s} n={len(v)} median {med * 1e3:8.2f} ms "
+            print(f"{name:9s} {r['bytes'] / 1e6:6.1f} MB {k:14s} n={len(v)} "
+                  f"median {med * 1e3:8.2f} ms "
                   f"({r['bytes'] / med / 1e9:.2f} GB/s)")
         ms = {k: f"{_median(v) * 1e3:.1f} ms" for k, v in secs.items()}
         for fused, how, diag in (

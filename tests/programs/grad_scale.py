@@ -1,8 +1,8 @@
 """The engine's gradients are the mean over ranks, scaled exactly once: checked in closed form.
 
 Rank r's loss is sum_i (r + 1) (i + 1) w_i over three parameters in two buckets (the one
-left out of backward shares its bucket with a used one), so its gradient is (r + 1) (i + 1) and the mean over W ranks is
-(W + 1) / 2 (i + 1): exact in float32 for W = 2. Every way of running a step is checked:
+left out of backward shares its bucket with a used one), so its gradient is (r + 1) (i + 1)
+and the mean over W ranks is (W + 1) / 2 (i + 1): exact in float32 for W = 2. Every way of running a step is checked:
 overlap with each progress strategy and blocking, the loss divided by
 ``GradAllreducer.backward`` or not, gradients zeroed in place or set to None. Prints one line
 per case, ``ok`` or ``FAIL`` with the factor found, and exits 1 if any failed.
