@@ -2,22 +2,32 @@
 
 The payload is a real model's gradient set (ResNet50: 161 tensors, 102 MB; 3DGAN: 46
 tensors, 3.8 MB). "fused" is the engine's ``GradAllreducer`` with its defaults (4 MiB
-buckets, non-blocking): ``synchronize()`` after a backward that is not there starts every
-bucket's ``MPI_Iallreduce``, waits for all and divides by the world size (the gradients are
-views into the buckets, so nothing is packed); "fused blocking" is the same with
-``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket). "raw" is one float32 buffer of
-the same bytes, reduced by one ``MPI_Allreduce`` of the whole buffer or by consecutive
-``MPI_Allreduce`` calls of ``chunk`` bytes (``--chunks``); the best of those settings (by
-median) is the baseline. Trials alternate fused / raw (A B B A ...), the first round is
+buckets in one arena, overlap, the progress strategy of the loaded MPI family,
+``allreduce.PROGRESS``; ``--progress`` overrides it); "fused blocking" is the same with
+``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in ``synchronize``). A fused
+trial is one step's exchange without the compute: ``replay_backward()`` calls every
+parameter's backward hook in bucket order, as a backward whose loss
+``GradAllreducer.backward`` divided by the world size would, then ``synchronize()``. "raw" is
+one float32 buffer of the same bytes, reduced by one ``MPI_Allreduce`` of the whole buffer or
+by consecutive ``MPI_Allreduce`` calls of ``chunk`` bytes (``--chunks``); the best of those
+settings (by median) is the baseline. Trials alternate (A B B A ...), the first round is
 warm-up. Row: raw time ÷ fused time = fused bandwidth ÷ raw bandwidth (target >= 0.95).
 Each fused side has its own copy of the model (a gradient is a view into one reducer's
-bucket). Three diagnostic sides, never baselines, say where a gap goes: the engine's
-averaging pass alone (``div_`` of the buckets); raw ``MPI_Iallreduce`` of 4 MB chunks, all
-started, then one ``Waitall``; and ``MPI_Allreduce`` of the engine's bucket sizes in separate
-``torch.zeros`` buffers, as the engine allocated them before it took one numpy allocation
-(which Linux backs with transparent huge pages). Each row's note gives their medians.
+bucket). Diagnostic sides, never baselines, say where a gap goes: the fused step with the
+gradients divided in the hooks (a loss not divided, the plain ``loss.backward()``); a
+division pass over the arena alone; raw ``MPI_Iallreduce`` of 4 MB chunks, all started, then
+one ``Waitall``; and ``MPI_Allreduce`` of the engine's bucket sizes in separate
+``torch.zeros`` buffers (no huge pages). Each row's note gives their medians.
 
-    python bench/allreduce_bw.py [--trials 20] [--chunks 1,4,16,64]  (launches itself, 2 ranks)
+Trials run in rounds until every row's 95 % interval lies on one side of the target (the
+interval narrower than the distance from the median to the target), at least
+``--min-trials`` and at most ``--max-trials`` per side; ``--trials N`` runs exactly N.
+Record the load: run it on a quiet machine.
+
+    python bench/allreduce_bw.py --min-trials 20 --max-trials 200 --json out.json
+    python bench/allreduce_bw.py --trials 20            (fixed count; bench/results/)
+    python bench/allreduce_bw.py --progress nonblocking (the other progress strategy)
+    (launches itself, 2 ranks, with hpcai-launch; --mpi openmpi|mpich|intel picks the MPI)
 """
 
 from __future__ import annotations
@@ -31,17 +41,18 @@ import sys
 import time
 from pathlib import Path
 
-from common import (RESULTS, Row, alternating_order, loopback_env, print_rows, provenance,
-                    write_result)
+from common import (RESULTS, RatioStats, Row, alternating_order, loopback_env, print_rows,
+                    provenance, verdict, write_result)
 
 TARGET = 0.95
 # measured beside the sides, to explain the gap; never a baseline
-DIAG_AVERAGING = "diag: averaging pass alone"
+DIAG_HOOK_DIVISION = "diag: fused, gradients divided in the hooks (loss not divided)"
+DIAG_AVERAGING = "diag: a division pass over the arena alone"
 DIAG_IALLREDUCE = "diag: raw MPI_Iallreduce, 4 MB chunks, all started then Waitall"
 DIAG_SMALL_PAGES = "diag: raw MPI_Allreduce of the bucket sizes in torch.zeros buffers"
 
 
-def _as_rank(trials: int, chunks_mb: list[float]) -> int:
+def _as_rank(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
     from mpi4py import MPI
@@ -51,6 +62,7 @@ def _as_rank(trials: int, chunks_mb: list[float]) -> int:
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
+    chunks_mb = [float(c) for c in args.chunks.split(",") if c]
     out = {}
     for name, model in (("resnet50", resnet.resnet50()),
                         ("3dgan", torch.nn.ModuleList([gan3d.Generator(),
@@ -59,19 +71,30 @@ def _as_rank(trials: int, chunks_mb: list[float]) -> int:
             p.grad = torch.randn_like(p)
         nbytes = sum(p.numel() * 4 for p in model.parameters())
         # the raw sides sum without averaging, so the buffer doubles at every call: start
-        # small enough (still normal floats) that ~130 calls stay finite
+        # small enough (still normal floats) that the calls stay finite
         raw = (np.random.default_rng(comm.rank).standard_normal(nbytes // 4)
                * 2.0**-100).astype(np.float32)
+        raw0 = raw.copy()
         # each reducer on its own copy: a parameter's .grad is a view into one reducer's
         # bucket, so two reducers on one model would copy every gradient at each switch
-        reducer = GradAllreducer(model, MpiTransport(comm))
+        reducer = GradAllreducer(model, MpiTransport(comm), progress=args.progress)
         blocking = GradAllreducer(copy.deepcopy(model), MpiTransport(comm), overlap=False)
+        in_hooks = GradAllreducer(copy.deepcopy(model), MpiTransport(comm),
+                                  progress=args.progress)
+
+        initial = [b.flat.clone() for b in reducer.buckets]   # the same layout in all three
 
         def timed(fn) -> float:
             comm.Barrier()
             t0 = time.perf_counter()
             fn()
             return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+        def step(r: GradAllreducer, loss_divided: bool = True):
+            def run() -> None:
+                r.replay_backward(loss_divided)
+                r.synchronize()
+            return run
 
         def raw_in(chunk: int):
             def run() -> None:
@@ -82,7 +105,8 @@ def _as_rank(trials: int, chunks_mb: list[float]) -> int:
         settings = {"one call": raw_in(raw.size)}
         settings.update({f"{c:g} MB chunks": raw_in(int(c * 1e6) // 4) for c in chunks_mb
                          if c * 1e6 < nbytes})
-        def averaging() -> None:   # the engine's pass after the sums, alone
+
+        def division() -> None:   # a pass over the arena, as after-the-sum averaging was
             for bucket in blocking.buckets:
                 bucket.flat.div_(comm.size)
 
@@ -93,25 +117,53 @@ def _as_rank(trials: int, chunks_mb: list[float]) -> int:
 
         small_pages = [torch.zeros(b.flat.numel()).numpy() for b in blocking.buckets]
 
-        def raw_small_pages() -> None:   # the engine before it allocated through numpy
+        def raw_small_pages() -> None:
             for buffer in small_pages:
                 comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
 
-        sides = {"fused": reducer.synchronize, "fused blocking": blocking.synchronize,
-                 **settings, DIAG_AVERAGING: averaging, DIAG_IALLREDUCE: raw_nonblocking,
+        sides = {"fused": step(reducer), "fused blocking": step(blocking), **settings,
+                 DIAG_HOOK_DIVISION: step(in_hooks, loss_divided=False),
+                 DIAG_AVERAGING: division, DIAG_IALLREDUCE: raw_nonblocking,
                  DIAG_SMALL_PAGES: raw_small_pages}
         values: dict[str, list[float]] = {s: [] for s in sides}
         for s in sides:   # warm-up round
             timed(sides[s])
-        for s in alternating_order(list(sides), trials):
-            values[s].append(timed(sides[s]))
+        fixed = args.trials is not None
+        while True:
+            for s in alternating_order(list(sides), 2):   # one round: A B .. B A
+                values[s].append(timed(sides[s]))
+            raw[:] = raw0   # the sums double the values: back to small normal floats
+            for r in (reducer, blocking, in_hooks):
+                for bucket, first in zip(r.buckets, initial):
+                    bucket.flat.copy_(first)
+            n = len(values["fused"])
+            if fixed:
+                done = n >= args.trials
+            else:
+                done = n >= args.max_trials or (
+                    n >= args.min_trials and comm.rank == 0 and _resolved(values))
+            if comm.bcast(done, root=0):
+                break
         out[name] = {"bytes": nbytes, "tensors": len(list(model.parameters())),
-                     "buckets": len(reducer.buckets), "seconds": values}
-        reducer.close()
-        blocking.close()
+                     "buckets": len(reducer.buckets), "progress": reducer.progress,
+                     "seconds": values}
+        for r in (reducer, blocking, in_hooks):
+            r.close()
     if comm.rank == 0:
         print(json.dumps(out))
     return 0
+
+
+def _best_raw(secs: dict[str, list[float]]) -> str:
+    raws = {k: v for k, v in secs.items() if not k.startswith(("fused", "diag"))}
+    return min(raws, key=lambda k: _median(raws[k]))
+
+
+def _resolved(secs: dict[str, list[float]]) -> bool:
+    """Every row's 95 % interval on one side of the target."""
+    best = secs[_best_raw(secs)]
+    return all(verdict(RatioStats.of(best, secs[f]), ">=", TARGET) != "unresolved"
+               for f in ("fused", "fused blocking"))
 
 
 def _median(values: list[float]) -> float:
@@ -119,18 +171,31 @@ def _median(values: list[float]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=20)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="exactly this many trials per side (default: until resolved)")
+    parser.add_argument("--min-trials", type=int, default=20)
+    parser.add_argument("--max-trials", type=int, default=200)
     parser.add_argument("--chunks", default="1,4,16,64", help="raw chunk sizes in MB")
+    parser.add_argument("--progress", choices=("hook", "nonblocking"), default=None,
+                        help="the fused side's progress strategy (default: the MPI family's)")
+    parser.add_argument("--mpi", default="auto", help="hpcai-launch --mpi (the MPI to run on)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the result JSON to this file (instead of --results/)")
     args = parser.parse_args()
-    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
-        return _as_rank(args.trials, [float(c) for c in args.chunks.split(",") if c])
+    if any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")):
+        return _as_rank(args)
     info = provenance()
-    argv = ["hpcai-launch", "-N", "2", "--threads-per-rank", "1", "--", sys.executable,
-            __file__, "--trials", str(args.trials), "--chunks", args.chunks]
+    argv = ["hpcai-launch", "-N", "2", "--threads-per-rank", "1", "--mpi", args.mpi, "--",
+            sys.executable, __file__, "--chunks", args.chunks,
+            "--min-trials", str(args.min_trials), "--max-trials", str(args.max_trials),
+            *(["--trials", str(args.trials)] if args.trials else []),
+            *(["--progress", args.progress] if args.progress else [])]
     out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
-                         timeout=1800)
+                         timeout=7200)
     if out.returncode != 0:
         print(out.stderr, file=sys.stderr)
         return out.returncode
@@ -138,32 +203,38 @@ def main() -> int:
     rows = []
     for name, r in results.items():
         secs = r["seconds"]
-        raws = {k: v for k, v in secs.items() if not k.startswith(("fused", "diag"))}
-        best = min(raws, key=lambda k: _median(raws[k]))
+        best = _best_raw(secs)
         for k, v in secs.items():
             med = _median(v)
-            print(f"{name:9s} {r['bytes'] / 1e6:6.1f} MB {k:14s} median {med * 1e3:8.2f} ms "
+            print(f"{name:9s} {r['bytes'] / 1e6:6.1f} MB {k:14s} n={len(v)} "
+                  f"median {med * 1e3:8.2f} ms "
                   f"({r['bytes'] / med / 1e9:.2f} GB/s)")
         ms = {k: f"{_median(v) * 1e3:.1f} ms" for k, v in secs.items()}
         for fused, how, diag in (
-                ("fused", "default, Iallreduce",
+                ("fused", f"default, progress {r['progress']}",
                  f"raw MPI_Iallreduce of 4 MB chunks {ms[DIAG_IALLREDUCE]}"),
                 ("fused blocking", "blocking, Allreduce", "")):
-            note = (f"medians: best raw {ms[best]}, fused {ms[fused]}; of the fused time the "
-                    f"averaging pass alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else "")
+            note = (f"medians: best raw {ms[best]}, fused {ms[fused]}; with the gradients "
+                    f"divided in the hooks {ms[DIAG_HOOK_DIVISION]}; a division pass over the "
+                    f"arena alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else "")
                     + f"; for scale, the same bucket sizes in separate torch allocations "
                     f"(no huge pages) {ms[DIAG_SMALL_PAGES]}")
             rows.append(Row.measured(
                 f"allreduce-{name}-{fused.replace(' ', '-')}",
                 f"{name} gradients ({r['bytes'] / 1e6:.1f} MB, {r['buckets']} bucket(s), "
                 f"{how}): fused bandwidth ÷ best raw MPI_Allreduce ({best})",
-                ">=", TARGET, raws[best], secs[fused], note))
+                ">=", TARGET, secs[best], secs[fused], note))
     print_rows(rows)
-    path = write_result("allreduce_bw", info, rows, results,
-                        {"ranks": 2, "threads_per_rank": 1, "trials": args.trials,
-                         "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
-                         "fused": "GradAllreducer defaults (4 MiB buckets, Iallreduce per bucket)"},
-                        out_dir=args.results)
+    settings = {"ranks": 2, "threads_per_rank": 1, "mpi": args.mpi, "trials": args.trials,
+                "min_trials": args.min_trials, "max_trials": args.max_trials,
+                "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
+                "fused": "GradAllreducer defaults (4 MiB buckets in one arena, overlap), "
+                         "replay_backward() + synchronize()",
+                "progress": {n: r["progress"] for n, r in results.items()}}
+    path = write_result("allreduce_bw", info, rows, results, settings,
+                        out_dir=args.json.parent if args.json else args.results)
+    if args.json:
+        path = path.rename(args.json)
     print(f"written: {path}")
     return 0
 

@@ -21,9 +21,19 @@ Sides:
 All sides use the default (channels-first) memory format: Horovod 0.28.1 refuses
 channels-last tensors ("Tensor is required to be contiguous" in broadcast and allreduce).
 Trials alternate (A B C C B A ...), warm-up steps are excluded. Rows: step time hpcai ÷
-horovod (target <= 0.9), exposed sync hpcai ÷ best DDP (target <= 0.5).
+horovod (target <= 0.9), exposed sync hpcai ÷ best DDP (target <= 0.5), and the wait for
+gradients each side times inside its own step, hpcai ÷ best DDP (target <= 0.5): hpcai's
+``SyncStats.wait_s`` (the main thread in the backward hooks' reductions and in
+``synchronize``), DDP's from its last parameter's gradient to backward's return (its
+reducer's wait for the buckets), Horovod's from the last gradient to the end of
+``DistributedOptimizer.synchronize()``. The best DDP bucket size is the one with the least
+exposed sync over ``--sweep-trials`` trials per size. Trials run in rounds until every row's
+95 % interval lies on one side of its target (at least ``--min-trials``, at most
+``--max-trials``); ``--trials N`` runs exactly N. Run it on a quiet machine.
 
-    python bench/torch_baselines.py [--models resnet50,3dgan] [--trials 10] [--steps 4]
+    python bench/torch_baselines.py --sweep-trials 5 --min-trials 10 --max-trials 40 \\
+        --json out.json
+    python bench/torch_baselines.py --models resnet50 --trials 10 --steps 4
 """
 
 from __future__ import annotations
@@ -38,7 +48,10 @@ import sys
 import threading
 import time
 
-from common import Row, loopback_env, print_rows, provenance, write_result
+from pathlib import Path
+
+from common import (RESULTS, RatioStats, Row, loopback_env, print_rows, provenance, verdict,
+                    write_result)
 
 
 
@@ -104,15 +117,40 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
         kw = {"bucket_cap_mb": float(side[4:-2])} if side != "ddp" else {}
         model = torch.nn.parallel.DistributedDataParallel(model, **kw)
 
+    # Each side's own wait for gradients inside the step, timed directly: hpcai's
+    # SyncStats.wait_s (the main thread in the backward hooks' reductions and in
+    # synchronize); DDP's and Horovod's from the last parameter's gradient (a
+    # post-accumulate-grad hook, after their own hooks) to the end of the step's
+    # communication (backward's return for DDP, whose reducer waits for its buckets in
+    # backward's final callback; DistributedOptimizer.synchronize() for Horovod).
+    last_grad = [0.0]
+    waits: list[float] = []
+    if side != "hpcai":
+        inner = model.module if hasattr(model, "module") else model
+        for p in inner.parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda _p: last_grad.__setitem__(0, time.perf_counter()))
+
     def synced() -> None:
         if side == "hpcai":
             opt.zero_grad(set_to_none=False)   # gradients stay views into the buckets
+            before = reducer.stats.wait_s
         else:
             opt.zero_grad()
         loss_fn(model).backward()
         if finish:
             finish()
-        opt.step()
+        if side == "horovod":
+            opt.synchronize()
+        if side != "hpcai":
+            waits.append(time.perf_counter() - last_grad[0])
+        if side == "horovod":
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        if side == "hpcai":
+            waits.append(reducer.stats.wait_s - before)
 
     def local() -> None:
         # gradients kept allocated: the baseline step pays no allocation (and no page faults
@@ -121,7 +159,7 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
         loss_fn(plain).backward()
         plain_opt.step()
 
-    times: dict[str, list[float]] = {"synced": [], "local": []}
+    times: dict[str, list[float]] = {"synced": [], "local": [], "wait": []}
     cpu_before = thread_cpu_s()
     for i in range(warmup + steps):   # synced and local steps alternate: A B B A ...
         for kind, step in ((("synced", synced), ("local", local)) if i % 2 == 0 else
@@ -131,6 +169,8 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
             step()
             if i >= warmup:
                 times[kind].append(time.perf_counter() - t0)
+                if kind == "synced":
+                    times["wait"].append(waits[-1])
     cpu_after = thread_cpu_s()
     main_tid = threading.get_native_id()
     threads = sorted(((("main" if tid == main_tid else name),
@@ -142,6 +182,7 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
                           "median_local_s": statistics.median(slowest["local"]),
                           "exposed_sync_s": statistics.median(
                               a - b for a, b in zip(slowest["synced"], slowest["local"])),
+                          "sync_wait_s": statistics.median(slowest["wait"]),
                           "steps_s": slowest, "threads": torch.get_num_threads(),
                           "rank0_thread_cpu_s": [t for t in threads if t[1] > 0]}))
     if side.startswith("ddp"):
@@ -155,6 +196,17 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
     if side == "horovod":
         hvd.shutdown()
     return 0
+
+
+def _resolved(t: dict[str, list[dict]], ddp: str) -> bool:
+    """Every row's 95 % interval on one side of its target."""
+    def of(side: str, key: str) -> list[float]:
+        return [r[key] for r in t[side]]
+    pairs = ((of("hpcai", "median_step_s"), of("horovod", "median_step_s"), 0.9),
+             (of("hpcai", "exposed_sync_s"), of(ddp, "exposed_sync_s"), 0.5),
+             (of("hpcai", "sync_wait_s"), of(ddp, "sync_wait_s"), 0.5))
+    return all(verdict(RatioStats.of(a, b), "<=", target) != "unresolved"
+               for a, b, target in pairs)
 
 
 def thread_cpu_s() -> dict[int, tuple[str, float]]:
@@ -200,20 +252,28 @@ def launch(side: str, model: str, args: argparse.Namespace, log: list) -> dict:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     log.append({"side": side, "model": model, **result})
     print(f"  {model:8s} {side:10s} {result['median_step_s']:.3f} s/step, exposed sync "
-          f"{result['exposed_sync_s'] * 1e3:7.1f} ms", flush=True)
+          f"{result['exposed_sync_s'] * 1e3:7.1f} ms, wait timed inside the step "
+          f"{result['sync_wait_s'] * 1e3:7.1f} ms", flush=True)
     return result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,3dgan")
-    parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--sweep-trials", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="exactly this many trials per side (default: until resolved)")
+    parser.add_argument("--min-trials", type=int, default=10)
+    parser.add_argument("--max-trials", type=int, default=40)
+    parser.add_argument("--sweep-trials", type=int, default=5, help="per DDP bucket size")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ddp-buckets", default="5,100")
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--image-size", type=int, default=112, help="ResNet50 input pixels")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the result JSON to this file (instead of bench/results/)")
     parser.add_argument("--rank", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -232,8 +292,12 @@ def main() -> int:
         best_ddp = min(swept, key=lambda s: statistics.median(
             r["exposed_sync_s"] for r in swept[s]))
         print(f"  {model}: best DDP setting (least exposed sync) {best_ddp}", flush=True)
-        t = run_alternating({s: side(s) for s in ("hpcai", "horovod", best_ddp)},
-                            args.trials, warmup=0)
+        sides = {s: side(s) for s in ("hpcai", "horovod", best_ddp)}
+        t = run_alternating(sides, args.trials or 2, warmup=0)
+        while args.trials is None and len(t["hpcai"]) < args.max_trials and (
+                len(t["hpcai"]) < args.min_trials or not _resolved(t, best_ddp)):
+            for s, v in run_alternating(sides, 2, warmup=0).items():
+                t[s] += v
         step = {s: [r["median_step_s"] for r in v] for s, v in t.items()}
         exposed = {s: [r["exposed_sync_s"] for r in v] for s, v in t.items()}
         rows += [
@@ -245,15 +309,27 @@ def main() -> int:
                          f"({best_ddp})", "<=", 0.5, exposed["hpcai"], exposed[best_ddp],
                          note="exposed sync = synced step − the same step without "
                          "communication, alternating in the same job"),
+            Row.measured(f"torch-{model}-wait-ddp",
+                         f"PyTorch {model} wait for gradients per step, timed inside the step, "
+                         f"hpcai ÷ DDP gloo ({best_ddp})", "<=", 0.5,
+                         [r["sync_wait_s"] for r in t["hpcai"]],
+                         [r["sync_wait_s"] for r in t[best_ddp]],
+                         note="hpcai: the main thread in the backward hooks' reductions and in "
+                         "synchronize(); DDP: from the last parameter's gradient to "
+                         "backward's return (its reducer's wait); per step the slower rank"),
         ]
     print_rows(rows)
     path = write_result("torch_baselines", info, rows, {"runs": log},
                         {"batch_per_rank": args.batch_size, "resnet50_image": args.image_size,
                          "steps": args.steps, "warmup_steps": args.warmup,
-                         "trials": args.trials, "sweep_trials": args.sweep_trials,
+                         "trials": args.trials, "min_trials": args.min_trials,
+                         "max_trials": args.max_trials, "sweep_trials": args.sweep_trials,
                          "ranks": 2, "threads_per_rank": 1, "optimizer": "SGD momentum 0.9",
                          "horovod_env": {k: v for k, v in os.environ.items()
-                                         if k.startswith("HOROVOD_")}})
+                                         if k.startswith("HOROVOD_")}},
+                        out_dir=args.json.parent if args.json else RESULTS)
+    if args.json:
+        path = path.rename(args.json)
     print(f"written: {path}")
     return 0
 

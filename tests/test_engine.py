@@ -24,8 +24,10 @@ def _updates(ranks: int, model: str, out: Path, *extra: str) -> dict[str, np.nda
     return dp_updates.updates(out)
 
 
-@pytest.mark.parametrize("model,extra", [("mlp", ()), ("mlp", ("--blocking",)),
-                                         ("gan-d", ()), ("gan-g", ())])
+@pytest.mark.parametrize("model,extra", [
+    ("mlp", ()), ("mlp", ("--blocking",)), ("mlp", ("--progress", "nonblocking")),
+    ("mlp", ("--progress", "hook", "--loss-divided")), ("mlp", ("--blocking", "--loss-divided")),
+    ("gan-d", ()), ("gan-d", ("--loss-divided",)), ("gan-g", ())])
 def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, tmp_path):
     """3 SGD steps: the update of every parameter with 2 ranks x b equals that with
     1 rank x 2b; the control, 2 ranks without averaging, must fail the same comparison."""
@@ -40,6 +42,27 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, tmp_path):
         assert rel > TOL[model], f"the control should fail the comparison, got {rel:.3g}"
         assert dp_updates.total(single, alone) > 0.1, \
             "the control should be far off, not marginally"
+
+
+@pytest.mark.parametrize("control", [None, "twice", "never"])
+def test_gradients_are_scaled_exactly_once(control):
+    """2 ranks with gradients known in closed form: after synchronize() every gradient is the
+    mean, in every mode (overlap with each progress strategy, blocking; the loss divided by
+    the engine or the gradients; zeroed or set to None). The controls, gradients scaled twice
+    and not at all, must fail every case."""
+    result = run(["hpcai-launch", "-N", "2", "--oversubscribe", "--", "python",
+                  str(PROGRAMS / "grad_scale.py"), *(["--control", control] if control else [])],
+                 base_env(), timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+    assert lines, result.stderr[-3000:]
+    if control is None:
+        assert result.returncode == 0 and len(lines) == 12, result.stdout + result.stderr[-2000:]
+        assert all(line.startswith("ok") for line in lines), result.stdout
+    else:
+        factor = {"twice": "factor 0.5", "never": "factor 2"}[control]
+        assert result.returncode != 0
+        assert all(line.startswith("FAIL") and line.endswith(factor) for line in lines), \
+            result.stdout
 
 
 def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(tmp_path):
@@ -76,7 +99,8 @@ class _NoTransport:
 def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     """Every bucket of a dtype is a slice of one buffer, and each gradient (channels-last
     convolutions at non-zero offsets included) is a view that backward fills in place:
-    the grads equal those of the same model without the engine. The control is the same
+    the grads equal those of the same model without the engine, scaled by the backward
+    hooks to this rank's share (1 / world size) of the mean. The control is the same
     comparison against a model that computed a different batch."""
     import torch
 
@@ -99,7 +123,7 @@ def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     for bucket in reducer.buckets:
         for p, view in zip(bucket.params, bucket.views):
             assert p.grad.data_ptr() == view.data_ptr()
-    grads = [p.grad for p in model.parameters()]
+    grads = [p.grad * _NoTransport.size for p in model.parameters()]
     assert all(torch.equal(g, q.grad) for g, q in zip(grads, plain.parameters()))
     assert not all(torch.equal(g, q.grad) for g, q in zip(grads, other.parameters()))
     reducer.close()

@@ -2,16 +2,24 @@
 
 Parameters are grouped, in reverse registration order (roughly the order in which backward
 produces their gradients), into buckets of at most ``bucket_mb`` (``sync.plan_buckets``).
-Each parameter's ``.grad`` is a view into its bucket's flat buffer, so backward writes the
-bucket directly and averaging copies nothing (zero gradients in place,
+All buckets of a dtype are consecutive slices of one allocation (the arena), and each
+parameter's ``.grad`` is a view into its bucket, so backward writes the bucket directly and
+the reduction works in place: nothing is copied in or out (zero gradients in place,
 ``zero_grad(set_to_none=False)``, to keep it that way; a replaced gradient is copied in once
-and re-pointed). In overlap mode a post-accumulate-grad hook on every parameter counts
-arrivals; when a bucket is complete a non-blocking ``MPI_Iallreduce`` of its buffer starts
-while backward goes on. :meth:`synchronize` waits for all buckets and divides by the world
-size, in place. Call it once after every backward (a second backward before it, i.e.
-gradient accumulation, is detected and redone blocking). Blocking mode (``overlap=False``)
-does the same with ``MPI_Allreduce`` after backward, after a barrier that measures how long
-the fastest rank waited for the slowest (load imbalance, reported apart from the transfer).
+and re-pointed).
+
+A post-accumulate-grad hook on every parameter counts arrivals. When a bucket is complete,
+the hook scales it to this rank's share of the mean (``div_`` by the world size while
+backward has just written it; nothing when the loss was divided instead, by
+:meth:`GradAllreducer.backward`), and in overlap mode reduces it with one call: a blocking
+``MPI_Allreduce`` right there, or a non-blocking ``MPI_Iallreduce`` poked by the later hooks
+(``progress``, chosen per MPI family: :data:`PROGRESS`). The sum of the shares is the mean, so
+no pass follows the reduction. :meth:`synchronize` reduces what backward did not complete
+(unused parameters), waits for pending reductions and leaves every rank with the mean. Call
+it once after every backward: a second gradient before it (accumulation) is an error. Blocking
+mode (``overlap=False``) reduces all buckets in ``synchronize``, after a barrier that measures
+how long the fastest rank waited for the slowest (load imbalance, reported apart from the
+transfer).
 
 The transport is MPI (mpi4py: whatever libmpi it loaded, the host MPI when the launcher
 bound it in), torch.distributed's gloo or Horovod, so all are measured with the same
@@ -44,6 +52,8 @@ class MpiTransport:
         self._mpi = MPI
         self.comm = comm
         self.size = comm.Get_size()
+        self.family = mpi_family()
+        self.progress = PROGRESS[self.family]
 
     def start(self, flat: torch.Tensor):
         """An ``MPI.Request``; for a GPU tensor a :class:`_Staged` one (host copy)."""
@@ -99,6 +109,8 @@ def _request(handle):
 class TorchDistTransport:
     """The same, through torch.distributed (gloo: the transport DDP uses on CPU)."""
 
+    progress = "nonblocking"   # gloo's own threads progress the work
+
     def __init__(self, name: str = "gloo") -> None:
         import torch.distributed as dist
 
@@ -121,16 +133,6 @@ class TorchDistTransport:
 
     def poke(self, handles) -> None:
         pass
-
-
-@dataclass
-class _Bucket:
-    params: list[torch.nn.Parameter]
-    flat: torch.Tensor
-    offsets: list[int]
-    views: list[torch.Tensor] = field(default_factory=list)
-    ready: int = 0
-    request: object = None
 
 
 def _dense(p: torch.Tensor) -> bool:
@@ -188,20 +190,76 @@ def _arenas(groups: list[list[torch.nn.Parameter]]) -> list[torch.Tensor]:
     return flats
 
 
+@dataclass
+class _Bucket:
+    params: list[torch.nn.Parameter]
+    flat: torch.Tensor
+    offsets: list[int]
+    views: list[torch.Tensor] = field(default_factory=list)
+    ready: int = 0            # gradients arrived since the last synchronize
+    divided: int = 0          # of those, from a backward whose loss was divided
+    shares: list[bool] = field(default_factory=list)   # per parameter: arrived so divided
+    arrived: list[bool] = field(default_factory=list)
+    request: object = None    # a pending reduction (non-blocking progress); None when done
+
+    def reset(self) -> None:
+        n = len(self.params)
+        self.ready, self.divided, self.request = 0, 0, None
+        self.shares, self.arrived = [False] * n, [False] * n
+
+
+# The world size by which the running backward's loss was divided (GradAllreducer.backward):
+# the gradients it produces are already this rank's share of the mean.
+_loss_divided_by = 0
+
+
+def mpi_family() -> str:
+    """``openmpi``, ``mpich``, ``intel`` or ``other``: the MPI library mpi4py loaded."""
+    from mpi4py import MPI
+
+    version = MPI.Get_library_version()
+    for marker, family in (("Open MPI", "openmpi"), ("Intel", "intel"), ("MPICH", "mpich")):
+        if marker in version:
+            return family
+    return "other"
+
+
+# How each MPI family progresses a bucket's reduction: "hook" issues a blocking
+# MPI_Allreduce from the backward hook that completes the bucket; "nonblocking" starts an
+# MPI_Iallreduce there, pokes it with MPI_Testall at every later hook and waits in
+# synchronize(). Open MPI 4.1: the committed allreduce_bw run (2 ranks, shared memory) took
+# 35.2 ms for the ResNet50 set as MPI_Iallreduce of 4 MB chunks against 9.9 ms blocking, so
+# "hook". MPICH and Intel MPI take "hook" too until bench/allreduce_bw.py --mpi ... --progress
+# measures them; "other" MPIs keep the non-blocking calls.
+PROGRESS = {"openmpi": "hook", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
+
+
 class GradAllreducer:
-    """Average the gradients of ``module``'s parameters across the transport's ranks."""
+    """Average the gradients of ``module``'s parameters across the transport's ranks.
+
+    ``progress``: ``hook`` or ``nonblocking`` (see :data:`PROGRESS`); None picks the
+    transport's (MPI: by family; gloo and Horovod progress on their own threads, so
+    ``nonblocking``). Ignored with ``overlap=False``.
+    """
 
     def __init__(self, module: torch.nn.Module, transport, *,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True) -> None:
+                 bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
+                 progress: str | None = None) -> None:
         self.transport = transport
         self.size = transport.size
         self.overlap = overlap and self.size > 1
+        self.progress = progress or getattr(transport, "progress", "nonblocking")
+        if self.progress not in ("hook", "nonblocking"):
+            raise ValueError(f"progress must be 'hook' or 'nonblocking', not {self.progress!r}")
         self.stats = SyncStats()
         self.buckets = self._make_buckets(
             [p for p in module.parameters() if p.requires_grad], int(bucket_mb * 2**20))
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._arrivals = {id(p): (b, i, v) for b in self.buckets
+                          for i, (p, v) in enumerate(zip(b.params, b.views))}
+        self._pending: list = []
+        self._accumulated = False
         self._handles = []
-        if self.overlap:
+        if self.size > 1:
             self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
                              for bucket in self.buckets for p in bucket.params]
 
@@ -224,74 +282,123 @@ class GradAllreducer:
             if p.grad is not None:
                 view.copy_(p.grad)
             p.grad = view   # backward accumulates straight into the bucket
-        return _Bucket(params=params, flat=flat, offsets=offsets, views=views)
+        bucket = _Bucket(params=params, flat=flat, offsets=offsets, views=views)
+        bucket.reset()
+        return bucket
 
-    # -- overlap mode ---------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """``loss.backward(**kwargs)`` with the loss divided by the world size: backward then
+        produces each rank's share of the mean directly and no pass divides the gradients."""
+        global _loss_divided_by
+        if self.size == 1:
+            loss.backward(**kwargs)
+            return
+        outer, _loss_divided_by = _loss_divided_by, self.size
+        try:
+            (loss / self.size).backward(**kwargs)
+        finally:
+            _loss_divided_by = outer
+
+    # -- the backward hook ----------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        bucket = self._bucket_of[id(param)]
+        bucket, i, view = self._arrivals[id(param)]
+        grad = param.grad
+        if grad is not view and grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)   # replaced (zero_grad(set_to_none=True)): copied in once
+            param.grad = view
+        if bucket.arrived[i]:
+            self._accumulated = True
+            return
+        bucket.arrived[i] = True
         bucket.ready += 1
+        if _loss_divided_by == self.size:
+            bucket.shares[i] = True
+            bucket.divided += 1
         if bucket.ready == len(bucket.params):
-            self._launch(bucket)
-        self._poke()
+            self._complete(bucket)
+        if self._pending:
+            self.transport.poke(self._pending)
+    def _complete(self, bucket: _Bucket) -> None:
+        """This rank's gradients of ``bucket`` are final: scale them to its share of the mean
+        (while backward just wrote them, unless the loss was divided) and, overlapping,
+        reduce them now."""
+        start = time.perf_counter()
+        if bucket.divided == 0:
+            bucket.flat.div_(self.size)
+        elif bucket.divided < len(bucket.params):   # some came from a divided loss
+            for view, share in zip(bucket.views, bucket.shares):
+                if not share:
+                    view.div_(self.size)
+        if self.overlap:
+            self._reduce(bucket)
+        self.stats.wait_s += time.perf_counter() - start   # the main thread's, in backward
 
-    def _poke(self) -> None:
-        self.transport.poke([b.request for b in self.buckets if b.request is not None])
+    def _reduce(self, bucket: _Bucket) -> None:
+        self.stats.allreduces += 1
+        self.stats.bytes += bucket.flat.numel() * bucket.flat.element_size()
+        if self.overlap and self.progress == "nonblocking":
+            bucket.request = self.transport.start(bucket.flat)
+            self._pending.append(bucket.request)
+        else:
+            self.transport.blocking(bucket.flat)
 
-    # -- both modes ---------------------------------------------------------------------
     def _pack(self, bucket: _Bucket) -> None:
-        """Make every gradient of the bucket live in its flat buffer.
-
-        Gradients are views into the buffer (set at construction), so backward already
-        accumulated into it and nothing is copied. A gradient that was replaced (zero_grad
-        with set_to_none, or first use) is copied in once and re-pointed at its view.
-        """
+        """A bucket backward did not complete (unused parameters, or no backward at all):
+        make every gradient live in its view (None counts as zero)."""
         for p, view in zip(bucket.params, bucket.views):
             grad = p.grad
             if grad is None:
                 view.zero_()
-            elif grad.data_ptr() != view.data_ptr():
+            elif grad is not view and grad.data_ptr() != view.data_ptr():
                 view.copy_(grad)
             else:
                 continue
             p.grad = view
 
-    def _launch(self, bucket: _Bucket) -> None:
-        self._pack(bucket)
-        bucket.request = self.transport.start(bucket.flat)
-        self.stats.allreduces += 1
-        self.stats.bytes += bucket.flat.numel() * bucket.flat.element_size()
-
-    def _unpack(self, bucket: _Bucket) -> None:
-        bucket.flat.div_(self.size)   # the gradients are views: now they hold the mean
+    def replay_backward(self, loss_divided: bool = True) -> None:
+        """Call the backward hook of every parameter in bucket order, as a backward would
+        (benchmarks: the exchange without the compute); ``loss_divided``: as one whose loss
+        :meth:`backward` divided."""
+        global _loss_divided_by
+        outer, _loss_divided_by = _loss_divided_by, self.size if loss_divided else 0
+        try:
+            for bucket in self.buckets:
+                for p in bucket.params:
+                    self._on_grad(p)
+        finally:
+            _loss_divided_by = outer
 
     def synchronize(self) -> None:
         """Finish averaging; afterwards every rank holds the same mean gradients."""
         if self.size == 1:
             return
-        start = time.perf_counter()
-        if self.overlap:
-            for bucket in self.buckets:
-                if bucket.request is None:   # unused parameters: never got a gradient
-                    self._launch(bucket)
-            self.transport.wait_all([b.request for b in self.buckets])
-            for bucket in self.buckets:
-                if bucket.ready > len(bucket.params):
-                    # a second backward before synchronize (accumulation): redo exactly
-                    self._pack(bucket)
-                    self.transport.blocking(bucket.flat)
-        else:
-            self.transport.barrier()   # separates load imbalance from transfer time
-            self.stats.imbalance_s += time.perf_counter() - start
-            for bucket in self.buckets:
-                self._pack(bucket)
-                self.transport.blocking(bucket.flat)
-                self.stats.allreduces += 1
-                self.stats.bytes += bucket.flat.numel() * bucket.flat.element_size()
+        start, before = time.perf_counter(), self.stats.wait_s
+        if self._accumulated:
+            self._reset()
+            raise RuntimeError(
+                "a parameter got a second gradient before synchronize(): call synchronize() "
+                "after every backward (gradient accumulation is not supported)")
         for bucket in self.buckets:
-            self._unpack(bucket)
-            bucket.request = None
-            bucket.ready = 0
-        self.stats.wait_s += time.perf_counter() - start
+            if bucket.ready < len(bucket.params):   # never completed: pack, scale, reduce
+                self._pack(bucket)
+                bucket.ready = len(bucket.params)
+                self._complete(bucket)
+        if self._pending:
+            self.transport.wait_all(self._pending)
+        elif not self.overlap:
+            arrived = time.perf_counter()
+            self.transport.barrier()   # separates load imbalance from transfer time
+            self.stats.imbalance_s += time.perf_counter() - arrived
+            for bucket in self.buckets:
+                self._reduce(bucket)
+        self._reset()
+        self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
+
+    def _reset(self) -> None:
+        for bucket in self.buckets:
+            bucket.reset()
+        self._pending = []
+        self._accumulated = False
 
     def close(self) -> None:
         for handle in self._handles:
@@ -308,6 +415,7 @@ class HorovodTransport:
     """
 
     name = "horovod"
+    progress = "nonblocking"   # Horovod's background thread progresses the work
 
     def __init__(self, comm=None) -> None:
         import horovod.torch as hvd

@@ -30,8 +30,9 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, limit: int) -> list[li
 
 @dataclass
 class SyncStats:
-    """Seconds spent averaging (and, in blocking mode, of that the wait for the slowest rank
-    to arrive), bytes reduced, allreduce calls made."""
+    """Seconds the main thread spent averaging (PyTorch: in the backward hooks and in
+    ``synchronize``; in blocking mode, of that the wait for the slowest rank to arrive),
+    bytes reduced, allreduce calls made."""
 
     wait_s: float = 0.0
     imbalance_s: float = 0.0

@@ -22,7 +22,12 @@ own rows): the control that shows the comparison can fail. ``--device cuda`` run
 on the rank's GPU (``torch_trainer.rank_device``), so the allreduce goes through host copies,
 in full fp32 (TF32 off).
 
+``--progress hook|nonblocking`` picks the overlap's progress strategy (default: the MPI
+family's); ``--loss-divided`` runs backward through ``GradAllreducer.backward`` (the loss
+divided by the world size instead of the gradients).
+
 usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average] [--device cuda]
+                         [--progress hook|nonblocking] [--loss-divided]
        MODEL: mlp | gan-d | gan-g
 """
 
@@ -44,6 +49,8 @@ rank, world = comm.Get_rank(), comm.Get_size()
 model_name, out = sys.argv[1], sys.argv[2]
 overlap = "--blocking" not in sys.argv
 average = "--no-average" not in sys.argv
+progress = sys.argv[sys.argv.index("--progress") + 1] if "--progress" in sys.argv else None
+loss_divided = "--loss-divided" in sys.argv
 device = rank_device(sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv
                      else "cpu")
 # full fp32 on a GPU, as on the CPU: cuDNN's default TF32 convolutions alone moved the
@@ -106,14 +113,18 @@ batches = [(x.to(device), y.to(device)) for x, y in batches]
 no_dropout_eval_bn(model)
 broadcast_state([model], comm)
 initial = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
-reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap) \
-    if average else None
+reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap,
+                         progress=progress) if average else None
 opt = torch.optim.SGD(model.parameters(), lr=LR[model_name], momentum=0.9)
 per_rank = GLOBAL // world
 for x, y in batches:
     lo, hi = rank * per_rank, (rank + 1) * per_rank
     opt.zero_grad(set_to_none=True)
-    loss_fn(x[lo:hi], y[lo:hi]).backward()
+    loss = loss_fn(x[lo:hi], y[lo:hi])
+    if loss_divided and reducer is not None:
+        reducer.backward(loss)
+    else:
+        loss.backward()
     if reducer is not None:
         reducer.synchronize()
     opt.step()
