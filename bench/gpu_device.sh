@@ -51,6 +51,8 @@ if [ "$CPU" = 0 ]; then
   PROFILE=()
   SMOKE=(resnet50 --device cuda --comm nccl --batch-size 64 --samples 320)
   nvidia-smi -L
+  say "plan: hpcai-launch --dry-run on this machine's GPUs"
+  timeout 30 hpcai-launch --dry-run -- python3 -c pass
 else
   say "setup: --cpu, this environment"
   DEV=cpu
