@@ -67,8 +67,13 @@ def stage(driver: nvdriver.Driver, where: Path) -> list[str]:
     return names
 
 
-def run(ch_run: str, image: Path, env: dict[str, str], binds: list[str]) -> dict:
-    argv = [ch_run, *[a for b in binds for a in ("-b", b)], str(image), "--", "/bin/cudaprobe"]
+def run(ch_run: str, image: Path, env: dict[str, str], binds: list[str],
+        inner_path: str | None) -> dict:
+    """ch-run's own LD_LIBRARY_PATH is ``env``'s; the probe's is set inside (or unset)."""
+    inside = ([f"--set-env=LD_LIBRARY_PATH={inner_path}"] if inner_path
+              else ["--unset-env=LD_LIBRARY_PATH"])
+    argv = [ch_run, *inside, *[a for b in binds for a in ("-b", b)], str(image), "--",
+            "/bin/cudaprobe"]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     try:
         report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", required=True, help="the built cudaprobe binary")
     parser.add_argument("--ch-run", default=shutil.which("ch-run") or "ch-run")
     parser.add_argument("--root", default="/", help="where the host driver is read")
+    parser.add_argument("--ch-lib", default=None,
+                        help="a folder of libraries ch-run itself needs (its .deb's "
+                             "dependencies unpacked beside it)")
     args = parser.parse_args(argv)
     driver = nvdriver.gather(args.root)
     notes = nvdriver.check(driver)
@@ -92,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         staged_files = stage(driver, staged)
         env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
         env.setdefault("USER", "root")
-        control = run(args.ch_run, image, env, [])
-        bound = run(args.ch_run, image, {**env, "LD_LIBRARY_PATH": MOUNT},
-                    [f"{staged}:{MOUNT}"])
+        if args.ch_lib:
+            env["LD_LIBRARY_PATH"] = args.ch_lib
+        control = run(args.ch_run, image, env, [], None)
+        bound = run(args.ch_run, image, env, [f"{staged}:{MOUNT}"], MOUNT)
     ok = bound["rc"] == 0 and control["rc"] != 0
     print(json.dumps({"driver": driver.to_dict(), "check": notes, "staged": staged_files,
                       "no_driver": control, "driver_bound": bound,
