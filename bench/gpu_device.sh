@@ -48,6 +48,9 @@ if [ "$CPU" = 0 ]; then
   export PATH="$W/bin:$W/mpich/bin:$PATH" PYTHONPATH="$W/site:$W/pkg"
   DEV=cuda
   PARITY=(--budget-s "${PARITY_BUDGET_S:-330}" --gan-variants)
+  # PARITY_BATCHES: the ResNet batches ('' for the 3DGAN alone); ONLY_PARITY=1: no profile
+  # or smoke run (a second call that only adds pairs)
+  [ -n "${PARITY_BATCHES+x}" ] && PARITY+=(--batches "$PARITY_BATCHES")
   PROFILE=()
   SMOKE=(resnet50 --device cuda --comm nccl --batch-size 64 --samples 320)
   nvidia-smi -L
@@ -74,9 +77,10 @@ except ImportError:
 
 say "parity: bench/gpu_parity.py"
 timeout "${PARITY_TIMEOUT_S:-380}" python3 "$ROOT/bench/gpu_parity.py" --device "$DEV" \
-  "${PARITY[@]}" --json "$OUT/gpu-parity-h200.json"
+  "${PARITY[@]}" --json "$OUT/${PARITY_JSON:-gpu-parity-h200.json}"
 echo "parity rc=$?"
 
+if [ "${ONLY_PARITY:-0}" = 1 ]; then say "done (parity only)"; exit 0; fi
 say "profile: the 3DGAN step under torch.profiler"
 timeout 80 python3 "$ROOT/bench/gpu_parity.py" --device "$DEV" "${PROFILE[@]}" \
   --profile "$OUT/gan-profile-h200.txt" | tail -40
