@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The driver probes on a lent GPU machine, run from the repository root there (bench/gpu/device.sh
-# calls it first): OUTDIR gets probes.json. Needs .gpu/ carried: the .debs of charliecloud-runtime,
-# libsquashfuse0 and libfuse3-3 (apt-get download; ch-run needs the two libraries); cudaprobe is built there with gcc.
+# The driver probes on a lent GPU machine, run from the repository root there (the device command
+# runs it first): OUTDIR gets probes.json. Needs .gpu/ carried: the charliecloud-runtime .deb
+# (apt-get download charliecloud-runtime) and, in .gpu/chlib/, the libraries ch-run loads that
+# the GPU machine lacks (copied from `ldd /usr/bin/ch-run` here, glibc's left out: libfuse3,
+# libsquashfuse_ll, liblzo2, liblz4, liblzma, libz, libzstd); cudaprobe is built there with gcc.
 #   1. python -m hpcai.launcher.gpuprobe in the host's own environment: cuInit in the driver's
 #      libcuda (must PASS);
 #   2. the same probe made to load a CUDA toolkit's stub libcuda (the control: must FAIL);
@@ -23,9 +25,9 @@ if [ -n "$stub" ]; then run stub python3 -m hpcai.launcher.gpuprobe --libcuda "$
 else echo '{"skipped": "no CUDA toolkit stub libcuda on this machine"}' > "$W/stub.json"; echo "rc=none" > "$W/stub.rc"; fi
 deb=$(ls "$ROOT"/.gpu/charliecloud-runtime_*.deb 2>/dev/null | head -1)
 if [ -n "$deb" ] && gcc -O2 -o "$W/cudaprobe" "$ROOT/bench/gpu/cudaprobe.c"; then
-  for d in "$ROOT"/.gpu/*.deb; do dpkg -x "$d" "$W/ch"; done   # ch-run and its libraries
+  dpkg -x "$deb" "$W/ch"
   run container python3 "$ROOT/bench/gpu/container_probe.py" --probe "$W/cudaprobe" \
-    --ch-run "$W/ch/usr/bin/ch-run" --ch-lib "$W/ch/usr/lib/x86_64-linux-gnu"
+    --ch-run "$W/ch/usr/bin/ch-run" --ch-lib "$ROOT/.gpu/chlib"
 else echo '{"skipped": "no charliecloud-runtime .deb in .gpu/ or no gcc"}' > "$W/container.json"; echo "rc=none" > "$W/container.rc"; fi
 python3 - "$W" "$OUTDIR/probes.json" <<'PY'
 import json, sys, pathlib
