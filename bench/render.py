@@ -207,7 +207,36 @@ def _summary_table(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-ALL_FILES = {"learning": _learning_table}   # blocks made from every file, not the newest
+def _ci(stats: dict) -> str:
+    ci = stats.get("ci95")
+    return f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else f"none (n = {stats['n']})"
+
+
+def _gpu_parity_table(files: list[tuple[str, dict]]) -> str:
+    """``bench/gpu_parity.py`` runs on a GPU: per file and configuration with at least one
+    pair, each side's mean samples/s, the ratio to the target's reference (the plain loop,
+    or the 3DGAN's 158 samples/s before) with its 95 % interval, and the verdict."""
+    lines = ["| configuration | plain loop samples/s | train samples/s | ratio | of | "
+             "95 % interval | pairs | target | verdict | file |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, data in files:
+        for r in data["rows"]:
+            if not r["ratio"]["n"]:
+                continue
+            mean = lambda v: sum(v) / len(v)  # noqa: E731
+            of = "plain loop" if r["ratio_of"].startswith("hpcai / plain") else "158 samples/s"
+            lines.append(f"| {r['key']} | {mean(r['plain_samples_per_s']):.0f} | "
+                         f"{mean(r['hpcai_samples_per_s']):.0f} | {r['ratio']['mean']:.3f} | "
+                         f"{of} | {_ci(r['ratio'])} | {r['ratio']['n']} | ≥ {r['target']:g} | "
+                         f"{r['verdict']} | `{name}` |")
+    p = files[-1][1]["provenance"]
+    lines += ["", f"On {p.get('gpu')} (torch {p.get('torch')}, cuDNN {p.get('cudnn')}); "
+              f"interval: {files[-1][1]['settings']['interval']}."]
+    return "\n".join(lines) + "\n"
+
+
+ALL_FILES = {"learning": _learning_table,   # blocks made from every file, not the newest
+             "gpu_parity": _gpu_parity_table}
 
 
 def render_table(data: dict, name: str) -> str:

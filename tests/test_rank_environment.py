@@ -149,7 +149,7 @@ def test_open_mpi_plans_keep_the_users_paths():
 
 @pytest.mark.mpi
 def test_ranks_run_the_users_python_under_srun(shell, tmp_path):
-    """srun (the private Slurm of tests/localcluster.py) passes the environment on."""
+    """srun (the private Slurm of testbed/localcluster.py) passes the environment on."""
     from localcluster import LocalCluster, missing_programs
 
     if missing_programs():
