@@ -3,8 +3,8 @@
 Plans the srun step given after ``--`` once, here, as its rank 0 would plan it, before srun
 starts: the job scripts of ``hpcai-launch sbatch`` run it on the batch host. It writes the
 plan into the job directory (:func:`.job.jobplan.prepared_path`), says the plan's warnings,
-and prints the file's path; the script exports it as ``HPCAI_PLAN``, and every rank of the
-step starts from it (:func:`.job.jobplan.role`) without planning. An error is ``error:`` and
+and prints the file's path; the script sets ``HPCAI_PLAN`` to it for that step alone, and
+every rank of the step starts from it (:func:`.job.jobplan.role`) without planning. An error is ``error:`` and
 ``hint:``, exit 2, and nothing is written. Where the job directory is node-local (the
 site profile's ``job_dir_scope = "node"``) or cannot be written, it prints an empty line
 and the ranks plan as they do without it.

@@ -176,9 +176,9 @@ def test_options_of_the_other_launcher(box):
      "--lr-decay cosine with --warmup-epochs 2 and --epochs 2: the warm-up fills the run"),
     (["--lr-decay", "linear"], "argument --lr-decay: invalid choice: 'linear'"),
     (["--device", "cuda", "--comm", "gloo"],
-     "--device cuda is implemented for --framework pytorch with --comm mpi only"),
+     "--device cuda is implemented for --framework pytorch with --comm nccl or mpi only"),
     (["--device", "cuda", "--framework", "tensorflow"],
-     "--device cuda is implemented for --framework pytorch with --comm mpi only"),
+     "--device cuda is implemented for --framework pytorch with --comm nccl or mpi only"),
     # the pinned torch is a CPU build: no GPU on any machine this suite runs on
     (["--device", "cuda"], "--device cuda, but PyTorch 2.13.0+cpu sees no CUDA GPU on this node"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),

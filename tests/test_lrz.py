@@ -85,6 +85,15 @@ def _why_intel_cannot_run() -> str | None:
     return None
 
 
+def _srun_words(script: str) -> str:
+    """The srun command of a job script: the words of its ``step=(...)`` array (the script
+    plans the step first), else its last line."""
+    for line in script.splitlines():
+        if line.startswith("step=(") and line.endswith(")"):
+            return line[len("step=("):-1]
+    return script.strip().splitlines()[-1]
+
+
 def _shape(line: str) -> list[str]:
     """The options of an srun ... hpcai-launch ... -- line, without their values."""
     tokens = shlex.split(line)
@@ -118,8 +127,8 @@ def test_lrz_job_trains_with_host_intel_mpi_in_the_container(cluster, image,  # 
                  "--time", "00:15:00", "--script", "job.sh", *options, "--", *TRAIN],
        env, tmp_path)
     job = tmp_path / "job.sh"
-    srun = job.read_text().strip().splitlines()[-1]
-    golden = (GOLDEN / "sbatch-lrz-768nodes.sh").read_text().strip().splitlines()[-1]
+    srun = _srun_words(job.read_text())
+    golden = _srun_words((GOLDEN / "sbatch-lrz-768nodes.sh").read_text())
     assert _shape(srun) == _shape(golden), (srun, golden)   # the LRZ line, this size
     assert srun.startswith("srun --mpi=pmi2 --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 ")
     with job.open("a") as f:      # validate, for the same options, in the same allocation

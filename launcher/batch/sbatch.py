@@ -193,12 +193,12 @@ def render(spec: JobSpec) -> str:
 
 # The step's srun line is written once (a bash array); plan-step plans it, and only it.
 PLAN_FIRST_LINES = """\
-# hpcai-launch plans the ranks' step once, here on the batch host; every rank starts
-# from that plan (HPCAI_PLAN). A planning error ends the job here, before srun.
+# hpcai-launch plans the ranks' step once, here on the batch host; every rank of this
+# step (and only of this step) starts from that plan (HPCAI_PLAN). A planning error ends
+# the job here, before srun.
 step=({step})
-HPCAI_PLAN=$(hpcai-launch plan-step -- "${{step[@]}}")
-export HPCAI_PLAN
-"${{step[@]}}"
+plan=$(hpcai-launch plan-step -- "${{step[@]}}")
+HPCAI_PLAN=$plan "${{step[@]}}"
 """
 
 

@@ -13,9 +13,9 @@
 # and exits 75; submit this script again to resume.
 set -euo pipefail
 
-# hpcai-launch plans the ranks' step once, here on the batch host; every rank starts
-# from that plan (HPCAI_PLAN). A planning error ends the job here, before srun.
+# hpcai-launch plans the ranks' step once, here on the batch host; every rank of this
+# step (and only of this step) starts from that plan (HPCAI_PLAN). A planning error ends
+# the job here, before srun.
 step=(srun --mpi=pmix --nodes=4 --ntasks-per-node=2 --cpus-per-task=12 --cpu-bind=cores --kill-on-bad-exit=1 hpcai-launch --ranks-per-node 2 --threads-per-rank 12 --mpi openmpi -- train 3dgan --data /hppfs/work/ecal --epochs 2 --batch-size 16 --out /hppfs/work/run1 --resume)
-HPCAI_PLAN=$(hpcai-launch plan-step -- "${step[@]}")
-export HPCAI_PLAN
-"${step[@]}"
+plan=$(hpcai-launch plan-step -- "${step[@]}")
+HPCAI_PLAN=$plan "${step[@]}"

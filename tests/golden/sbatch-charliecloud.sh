@@ -11,9 +11,9 @@
 # and exits 75; submit this script again to resume.
 set -euo pipefail
 
-# hpcai-launch plans the ranks' step once, here on the batch host; every rank starts
-# from that plan (HPCAI_PLAN). A planning error ends the job here, before srun.
+# hpcai-launch plans the ranks' step once, here on the batch host; every rank of this
+# step (and only of this step) starts from that plan (HPCAI_PLAN). A planning error ends
+# the job here, before srun.
 step=(srun --mpi=pmix --nodes=2 --ntasks-per-node=4 --cpus-per-task=12 --cpu-bind=cores --kill-on-bad-exit=1 hpcai-launch --ranks-per-node 4 --threads-per-rank 12 --mpi openmpi --container /scratch/images/hpcai-bookworm --runtime charliecloud --bind /hppfs/work -- train 3dgan --data /hppfs/work/ecal --epochs 2 --batch-size 16 --out /hppfs/work/run1 --resume)
-HPCAI_PLAN=$(hpcai-launch plan-step -- "${step[@]}")
-export HPCAI_PLAN
-"${step[@]}"
+plan=$(hpcai-launch plan-step -- "${step[@]}")
+HPCAI_PLAN=$plan "${step[@]}"
