@@ -29,8 +29,9 @@ PROBE = """\
 import json, os, shutil, sys
 rank = next(os.environ[k] for k in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
             if k in os.environ)
-print("probe " + json.dumps({"rank": int(rank), "executable": sys.executable,
-      "which": shutil.which("python3"), **{k: os.environ.get(k, "") for k in %r}}), flush=True)
+line = "probe " + json.dumps({"rank": int(rank), "executable": sys.executable,
+      "which": shutil.which("python3"), **{k: os.environ.get(k, "") for k in %r}}) + "\\n"
+os.write(1, line.encode())   # one write: two ranks' lines cannot interleave
 """ % (NAMES,)
 
 
