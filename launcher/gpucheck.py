@@ -25,7 +25,8 @@ from typing import Callable
 
 from . import gpuprobe
 from .container import nvdriver
-from .node.topology import format_cpulist, parse_cpulist
+from .node import gpus, topology
+from .node.topology import format_cpulist
 
 ALLREDUCE_BYTES = 64 << 20
 # Bus bandwidth floor (GB/s) of the NCCL allreduce: a quarter of PCIe 4.0 x16 (~25 GB/s
@@ -34,33 +35,13 @@ ALLREDUCE_BYTES = 64 << 20
 DEFAULT_NCCL_FLOOR_GBS = 6.0
 
 
-def _sysfs_bus_id(bus_id: str) -> str:
-    """CUDA's ``00000000:3B:00.0`` as sysfs writes it: ``0000:3b:00.0``."""
-    domain, rest = bus_id.lower().split(":", 1)
-    return f"{int(domain, 16):04x}:{rest}"
-
-
-def numa_of_pci(bus_id: str, sysfs: str | os.PathLike = "/sys") -> int | None:
-    """The NUMA node of a PCI device (None where sysfs does not say: -1 or no file)."""
-    try:
-        text = (Path(sysfs) / "bus/pci/devices" / _sysfs_bus_id(bus_id) / "numa_node"
-                ).read_text().strip()
-    except (OSError, ValueError):
-        return None
-    return int(text) if text.lstrip("-").isdigit() and int(text) >= 0 else None
-
-
 def numa_of_cpus(cpus, sysfs: str | os.PathLike = "/sys") -> tuple[int, ...]:
     """The NUMA nodes that hold any of ``cpus``."""
-    nodes = []
-    for node in sorted((Path(sysfs) / "devices/system/node").glob("node[0-9]*")):
-        try:
-            listed = set(parse_cpulist((node / "cpulist").read_text().strip()))
-        except (OSError, ValueError):
-            continue
-        if listed & set(cpus):
-            nodes.append(int(node.name[4:]))
-    return tuple(nodes)
+    try:
+        numa_of = topology.numa_of_cpus(Path(sysfs) / "devices" / "system")
+    except (OSError, ValueError):
+        return ()
+    return tuple(sorted({numa_of[c] for c in cpus if c in numa_of}))
 
 
 @dataclass(frozen=True)
@@ -84,7 +65,8 @@ class RankGpu:
 
 def rank_gpu(cpus, sysfs: str | os.PathLike = "/sys") -> RankGpu:
     result = gpuprobe.probe()
-    gpu_numa = numa_of_pci(result.pci_bus_id, sysfs) if result.pci_bus_id else None
+    numa = gpus.numa_of_pci(result.pci_bus_id, sysfs) if result.pci_bus_id else -1
+    gpu_numa = numa if numa >= 0 else None
     return RankGpu(asdict(result), gpu_numa, numa_of_cpus(cpus, sysfs))
 
 

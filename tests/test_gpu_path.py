@@ -202,7 +202,7 @@ def test_process_group_rendezvous_with_and_without_master_addr(given, tmp_path):
         "comm = MPI.COMM_WORLD\n"
         "init_torch_dist('gloo', comm, comm.rank, comm.size)\n"
         "t = torch.tensor([comm.rank + 1.0]); dist.all_reduce(t)\n"
-        "sys.stdout.write(f'sum {int(t.item())}\\n'); sys.stdout.flush()\n"
+        "os.write(1, f'sum {int(t.item())}\\n'.encode())  # one write: lines cannot interleave\n"
         "dist.destroy_process_group()\n")
     result = run(["hpcai-launch", "-N", "2", "--", sys.executable, str(script), str(given)],
                  base_env(), timeout=300)

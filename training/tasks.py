@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..core.errors import UserError
 from ..models import gan3d, resnet
 
+from . import eager
 from .averaging import WeightAverage, standing_statistics
 from .config import TrainConfig
 
@@ -36,6 +37,7 @@ def count_flops(fn) -> int:
     """FLOPs of running ``fn()`` once, as FlopCounterMode counts them."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    eager.skip_wrappers()          # its dispatch mode's, and the meta tensors' references
     counter = FlopCounterMode(display=False)
     with counter:
         fn()
@@ -59,11 +61,13 @@ def autocast(precision: str, device: torch.device):
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    """torch's Adam, RMSprop or SGD (momentum 0.9, weight decay 1e-4), built by
+    :func:`.eager.optimizer` (stepped without importing ``torch._dynamo``)."""
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
+        return eager.optimizer(torch.optim.Adam, params, lr=lr)
     if name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, alpha=0.9)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4)
+        return eager.optimizer(torch.optim.RMSprop, params, lr=lr, alpha=0.9)
+    return eager.optimizer(torch.optim.SGD, params, lr=lr, momentum=0.9, weight_decay=1e-4)
 
 
 def standing_inputs(batch_size: int, device: torch.device) -> Iterator[torch.Tensor]:
@@ -269,8 +273,8 @@ class GanTask:
         on ``device``: by default shape-only (``META``), the same count without the
         arithmetic (the random draws stay on the CPU)."""
         G, D = copy.deepcopy(self.G).to(device), copy.deepcopy(self.D).to(device)
-        opt_g = torch.optim.SGD(G.parameters(), lr=0.0)
-        opt_d = torch.optim.SGD(D.parameters(), lr=0.0)
+        opt_g = eager.optimizer(torch.optim.SGD, G.parameters(), lr=0.0)
+        opt_d = eager.optimizer(torch.optim.SGD, D.parameters(), lr=0.0)
         x = torch.rand(batch, 1, 25, 25, 25).to(device)
         e = torch.full((batch,), 1.0).to(device)
         rng = torch.Generator().manual_seed(0)

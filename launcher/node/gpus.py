@@ -90,13 +90,20 @@ def from_host(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") ->
     for index, pci in enumerate(sorted(found)):
         device = found[pci]
         fields = info.get(pci, {})
-        numa = _read_int(device / "numa_node", -1) if device is not None else -1
+        numa = numa_of_pci(pci, sys_root) if device is not None else -1
         root = _pci_root(device) if device is not None else None
         gpus.append(Gpu(index=index, pci=pci, numa=max(numa, -1),
                         model=fields.get("Model", "NVIDIA GPU"),
                         uuid=fields.get("GPU UUID"),
                         nics=tuple(nics.get(root, ())) if root else ()))
     return GpuSet(tuple(gpus), "host")
+
+
+def numa_of_pci(pci: str, sys_root: str | Path = "/sys") -> int:
+    """The NUMA node of a PCI device, in either the driver's (``00000000:3B:00.0``) or
+    sysfs's form of its address; -1 where sysfs does not say."""
+    return max(_read_int(Path(sys_root) / "bus" / "pci" / "devices" / _norm_pci(pci)
+                         / "numa_node", -1), -1)
 
 
 def _driver_info(gpus_dir: Path) -> dict[str, dict[str, str]]:

@@ -140,12 +140,7 @@ def from_sysfs(root: str | Path = "/sys/devices/system",
                             f"({format_cpulist(online)})",
                             "check the job's CPU allocation (taskset, numactl, Slurm)")
         within, online = AllowedCpus(frozenset(kept), allowed.source), kept
-    numa_of: dict[int, int] = {}
-    node_dir = root / "node"
-    if node_dir.is_dir():
-        for entry in sorted(node_dir.glob("node[0-9]*")):
-            for cpu in parse_cpulist((entry / "cpulist").read_text()):
-                numa_of[cpu] = int(entry.name[4:])
+    numa_of = numa_of_cpus(root)
     groups: dict[tuple[int, int], list[int]] = {}
     for cpu in online:
         topo = root / "cpu" / f"cpu{cpu}" / "topology"
@@ -155,6 +150,15 @@ def from_sysfs(root: str | Path = "/sys/devices/system",
     cores = [Core(socket=max(pkg, 0), numa=numa_of.get(min(pus), 0), pus=tuple(sorted(pus)))
              for (pkg, _), pus in groups.items()]
     return Topology(_sorted_cores(cores), source="sysfs", within=within)
+
+
+def numa_of_cpus(root: str | Path = "/sys/devices/system") -> dict[int, int]:
+    """{CPU: NUMA node} from ``node/node<N>/cpulist``; empty where sysfs has no NUMA nodes."""
+    numa_of: dict[int, int] = {}
+    for entry in sorted((Path(root) / "node").glob("node[0-9]*")):
+        for cpu in parse_cpulist((entry / "cpulist").read_text()):
+            numa_of[cpu] = int(entry.name[4:])
+    return numa_of
 
 
 ALLOWED_ENV = "HPCAI_ALLOWED_CPUS"   # "HOST:CPULIST": the set the launch planned within
