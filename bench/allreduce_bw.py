@@ -3,7 +3,8 @@
 The payload is a real model's gradient set (ResNet50: 161 tensors, 102 MB; 3DGAN: 46
 tensors, 3.8 MB). "fused" is the engine's ``GradAllreducer`` with its defaults (4 MiB
 buckets in one arena, overlap, the progress strategy of the loaded MPI family,
-``allreduce.PROGRESS``; ``--progress`` overrides it); "fused blocking" is the same with
+``allreduce.PROGRESS``, and its largest call, ``allreduce.CHUNK_BYTES``; ``--progress`` and
+``--bucket-mb`` override them); "fused blocking" is the same with
 ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in ``synchronize``). A fused
 trial is one step's exchange without the compute: ``replay_backward()`` calls every
 parameter's backward hook in bucket order, as a backward whose loss
@@ -77,10 +78,12 @@ def _as_rank(args: argparse.Namespace) -> int:
         raw0 = raw.copy()
         # each reducer on its own copy: a parameter's .grad is a view into one reducer's
         # bucket, so two reducers on one model would copy every gradient at each switch
-        reducer = GradAllreducer(model, MpiTransport(comm), progress=args.progress)
-        blocking = GradAllreducer(copy.deepcopy(model), MpiTransport(comm), overlap=False)
+        sized = {"bucket_mb": args.bucket_mb} if args.bucket_mb else {}
+        reducer = GradAllreducer(model, MpiTransport(comm), progress=args.progress, **sized)
+        blocking = GradAllreducer(copy.deepcopy(model), MpiTransport(comm), overlap=False,
+                                  **sized)
         in_hooks = GradAllreducer(copy.deepcopy(model), MpiTransport(comm),
-                                  progress=args.progress)
+                                  progress=args.progress, **sized)
 
         initial = [b.flat.clone() for b in reducer.buckets]   # the same layout in all three
 
@@ -181,6 +184,8 @@ def main() -> int:
     parser.add_argument("--chunks", default="1,4,16,64", help="raw chunk sizes in MB")
     parser.add_argument("--progress", choices=("hook", "nonblocking"), default=None,
                         help="the fused side's progress strategy (default: the MPI family's)")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="the fused sides' bucket size (default: the engine's)")
     parser.add_argument("--mpi", default="auto", help="hpcai-launch --mpi (the MPI to run on)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--json", type=Path, default=None,
@@ -193,7 +198,8 @@ def main() -> int:
             sys.executable, __file__, "--chunks", args.chunks,
             "--min-trials", str(args.min_trials), "--max-trials", str(args.max_trials),
             *(["--trials", str(args.trials)] if args.trials else []),
-            *(["--progress", args.progress] if args.progress else [])]
+            *(["--progress", args.progress] if args.progress else []),
+            *(["--bucket-mb", str(args.bucket_mb)] if args.bucket_mb else [])]
     out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
                          timeout=7200)
     if out.returncode != 0:
@@ -225,11 +231,16 @@ def main() -> int:
                 f"{how}): fused bandwidth ÷ best raw MPI_Allreduce ({best})",
                 ">=", TARGET, secs[best], secs[fused], note))
     print_rows(rows)
+    from hpcai.training.allreduce import CHUNK_BYTES
+    from hpcai.training.sync import DEFAULT_BUCKET_MB
+
     settings = {"ranks": 2, "threads_per_rank": 1, "mpi": args.mpi, "trials": args.trials,
                 "min_trials": args.min_trials, "max_trials": args.max_trials,
                 "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
                 "fused": "GradAllreducer defaults (4 MiB buckets in one arena, overlap), "
                          "replay_backward() + synchronize()",
+                "bucket_mb": args.bucket_mb or DEFAULT_BUCKET_MB,
+                "largest_call_bytes": CHUNK_BYTES,
                 "progress": {n: r["progress"] for n, r in results.items()}}
     path = write_result("allreduce_bw", info, rows, results, settings,
                         out_dir=args.json.parent if args.json else args.results)

@@ -127,3 +127,17 @@ def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     assert all(torch.equal(g, q.grad) for g, q in zip(grads, plain.parameters()))
     assert not all(torch.equal(g, q.grad) for g, q in zip(grads, other.parameters()))
     reducer.close()
+
+
+@pytest.mark.parametrize("family, calls", [(None, 4), ("openmpi", 1)],
+                         ids=["intel", "whole-bucket (control)"])
+def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls):
+    """Under Intel MPI a 3 MiB bucket is reduced as four calls of at most 1 MiB
+    (``allreduce.CHUNK_BYTES``), and both ranks get the exact sum; the control, the same
+    run treated as Open MPI, reduces it in one call."""
+    result = run(["hpcai-launch", "--mpi", "intel", "-N", "2", "--oversubscribe", "--",
+                  "python", str(PROGRAMS / "chunked_allreduce.py"),
+                  *(["--family", family] if family else [])], base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line.endswith(("ok", "FAIL")))
+    assert lines == [f"{family or 'intel'} {calls} ok"] * 2, result.stdout
