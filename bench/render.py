@@ -191,11 +191,29 @@ SUMMARY = {   # benchmark: what its rows compare, for the README's one-line summ
 }
 
 
+# Benchmarks run once per MPI: their blocks show every file of the newest file's commit.
+PER_MPI = {"allreduce_bw"}
+
+
+def _newest_commit(files: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    commit = files[-1][1]["provenance"]["git_commit"]
+    return [(f, d) for f, d in files if d["provenance"]["git_commit"] == commit]
+
+
 def _summary_table(results: Path) -> str:
-    """One line per benchmark of SUMMARY: its verdicts counted, and its newest file."""
+    """One line per benchmark of SUMMARY: its verdicts counted, and its newest file (for
+    PER_MPI, every file of the newest commit)."""
     lines = ["| benchmark | what | verdicts | file |", "|---|---|---|---|"]
     for benchmark, what in SUMMARY.items():
         path, data = by_date(benchmark, results)[-1]
+        if benchmark in PER_MPI:
+            files = _newest_commit(by_date(benchmark, results))
+            verdicts = Counter(r["verdict"] for _, d in files for r in d["rows"])
+            said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+            names = ", ".join(f"`bench/results/{f.name}` ({d['settings'].get('mpi') or 'auto'})"
+                              for f, d in files)
+            lines.append(f"| {benchmark} | {what} | {said} | {names} |")
+            continue
         if benchmark == "learning":
             verdicts = Counter(["passed" if data["verdict"]["passed"] else "not passed"])
         elif benchmark == "startup":
@@ -288,6 +306,9 @@ def render_readme(text: str, results: Path) -> str:
         files = by_date(m.group(2), results)
         if m.group(2) in ALL_FILES:
             body = ALL_FILES[m.group(2)]([(f.name, data) for f, data in files])
+        elif m.group(2) in PER_MPI:
+            body = "\n".join(f"**{d['settings'].get('mpi') or 'auto'}**\n\n"
+                             + render_table(d, f.name) for f, d in _newest_commit(files))
         else:
             body = render_table(files[-1][1], files[-1][0].name)
         return m.group(1) + body + m.group(4)
