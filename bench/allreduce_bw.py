@@ -237,7 +237,7 @@ def main() -> int:
     settings = {"ranks": 2, "threads_per_rank": 1, "mpi": args.mpi, "trials": args.trials,
                 "min_trials": args.min_trials, "max_trials": args.max_trials,
                 "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
-                "fused": "GradAllreducer defaults (4 MiB buckets in one arena, overlap), "
+                "fused": "GradAllreducer (buckets of bucket_mb in one arena, overlap), "
                          "replay_backward() + synchronize()",
                 "bucket_mb": args.bucket_mb or DEFAULT_BUCKET_MB,
                 "largest_call_bytes": CHUNK_BYTES,

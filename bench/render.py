@@ -200,28 +200,30 @@ def _newest_commit(files: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     return [(f, d) for f, d in files if d["provenance"]["git_commit"] == commit]
 
 
+def _mpi(data: dict) -> str:
+    return data["settings"].get("mpi") or "auto"
+
+
 def _summary_table(results: Path) -> str:
     """One line per benchmark of SUMMARY: its verdicts counted, and its newest file (for
     PER_MPI, every file of the newest commit)."""
     lines = ["| benchmark | what | verdicts | file |", "|---|---|---|---|"]
     for benchmark, what in SUMMARY.items():
-        path, data = by_date(benchmark, results)[-1]
+        files = by_date(benchmark, results)
+        path, data = files[-1]
+        names = f"`bench/results/{path.name}`"
         if benchmark in PER_MPI:
-            files = _newest_commit(by_date(benchmark, results))
-            verdicts = Counter(r["verdict"] for _, d in files for r in d["rows"])
-            said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
-            names = ", ".join(f"`bench/results/{f.name}` ({d['settings'].get('mpi') or 'auto'})"
-                              for f, d in files)
-            lines.append(f"| {benchmark} | {what} | {said} | {names} |")
-            continue
-        if benchmark == "learning":
+            shown = _newest_commit(files)
+            verdicts = Counter(r["verdict"] for _, d in shown for r in d["rows"])
+            names = ", ".join(f"`bench/results/{f.name}` ({_mpi(d)})" for f, d in shown)
+        elif benchmark == "learning":
             verdicts = Counter(["passed" if data["verdict"]["passed"] else "not passed"])
         elif benchmark == "startup":
             verdicts = Counter(v["verdict"] for v in data["verdicts"])
         else:
             verdicts = Counter(r["verdict"] for r in data["rows"])
         said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
-        lines.append(f"| {benchmark} | {what} | {said} | `bench/results/{path.name}` |")
+        lines.append(f"| {benchmark} | {what} | {said} | {names} |")
     return "\n".join(lines) + "\n"
 
 
@@ -307,7 +309,7 @@ def render_readme(text: str, results: Path) -> str:
         if m.group(2) in ALL_FILES:
             body = ALL_FILES[m.group(2)]([(f.name, data) for f, data in files])
         elif m.group(2) in PER_MPI:
-            body = "\n".join(f"**{d['settings'].get('mpi') or 'auto'}**\n\n"
+            body = "\n".join(f"**{_mpi(d)}**\n\n"
                              + render_table(d, f.name) for f, d in _newest_commit(files))
         else:
             body = render_table(files[-1][1], files[-1][0].name)

@@ -65,7 +65,7 @@ class MpiTransport:
         """``MPI_Allreduce`` of ``flat`` in place; in calls of at most :data:`CHUNK_BYTES`
         where the family has a size it reduces faster."""
         array, copy_back = host_array(flat)
-        step = CHUNK_BYTES.get(self.family, 0) // max(array.itemsize, 1)
+        step = CHUNK_BYTES.get(self.family, 0) // array.itemsize
         if step and array.size > step:
             for start in range(0, array.size, step):
                 self.comm.Allreduce(self._mpi.IN_PLACE, array[start:start + step],
@@ -243,9 +243,10 @@ PROGRESS = {"openmpi": "hook", "mpich": "hook", "intel": "hook", "other": "nonbl
 
 # The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared
-# memory, bench/allreduce_bw.py): the ResNet50 set took 18.4 ms as 1 MB calls against
-# 46.7 ms as 4 MB calls and 116 ms as one call. Open MPI and MPICH were fastest at 4 MB,
-# the engine's bucket size, so they reduce whole buckets.
+# memory, bench/results/allreduce_bw-vm-20261129T012127.json): the ResNet50 set took
+# 16.4 ms as raw 1 MB calls against 37.2 ms as 4 MB calls and 103 ms as one call. Open MPI
+# and MPICH gained nothing clear from 1 MB calls over whole 4 MiB buckets, so they reduce
+# whole buckets.
 CHUNK_BYTES = {"intel": 1 << 20}
 
 

@@ -32,6 +32,10 @@ from typing import Callable
 import torch
 from torch.optim import optimizer as _optimizer
 
+_scanned_with = -1   # len(sys.modules) at the last scan: wrappers are made as modules load
+
+
+@functools.cache
 def _inner_code() -> types.CodeType | None:
     """The code of the wrapper ``torch._disable_dynamo(fn)`` returns, where it keeps ``fn``
     in its closure and looks up ``fn.__dynamo_disable`` (else None)."""
@@ -44,11 +48,14 @@ def _inner_code() -> types.CodeType | None:
 
 def skip_wrappers() -> int:
     """Mark every ``_disable_dynamo`` wrapper alive in this process (the garbage collector
-    tracks them all) as disabled already; the number newly marked. Call it again after
-    importing a torch module that makes more."""
+    tracks them all) as disabled already; the number newly marked. The scan (about 50 ms)
+    runs again only when modules were imported since the last one, as torch makes its
+    wrappers when its modules load (a dispatch mode's, when its class is defined)."""
+    global _scanned_with
     inner = _inner_code()
-    if inner is None or "torch._dynamo" in sys.modules:
+    if inner is None or "torch._dynamo" in sys.modules or len(sys.modules) == _scanned_with:
         return 0
+    _scanned_with = len(sys.modules)
     slot = inner.co_freevars.index("fn")    # the wrapped function, as the wrapper sees it
     marked = 0
     for obj in gc.get_objects():

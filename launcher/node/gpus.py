@@ -92,7 +92,7 @@ def from_host(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") ->
         fields = info.get(pci, {})
         numa = numa_of_pci(pci, sys_root) if device is not None else -1
         root = _pci_root(device) if device is not None else None
-        gpus.append(Gpu(index=index, pci=pci, numa=max(numa, -1),
+        gpus.append(Gpu(index=index, pci=pci, numa=numa,
                         model=fields.get("Model", "NVIDIA GPU"),
                         uuid=fields.get("GPU UUID"),
                         nics=tuple(nics.get(root, ())) if root else ()))
