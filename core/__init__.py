@@ -1,1 +1,1 @@
-"""The shared core: user errors and the one command-line entry point."""
+"""The shared core: user errors, the one command-line entry point, and the cache's place."""

@@ -120,18 +120,32 @@ def test_a_cpu_run_records_precision_and_memory_format(tmp_path):
     assert all(isinstance(s["loss"], float) and np.isfinite(s["loss"]) for s in steps)
 
 
-PARITY_CPU = ["--device", "cpu", "--model", "resnet-tiny", "--image-size", "16",
-              "--batches", "2", "--steps", "1", "--epochs", "2", "--warmup", "1",
-              "--gan-batch", "1", "--gan-steps", "1", "--max-pairs", "1", "--first-pair-s", "1"]
+@pytest.fixture(scope="module")
+def device_script(tmp_path_factory):
+    """bench/gpu_device.sh --cpu, run once: its parity run (tiny sizes, one pair), its
+    3DGAN profile and its smoke run, in OUT."""
+    out = tmp_path_factory.mktemp("gpu-device") / "out"
+    result = run(["bash", str(BENCH / "gpu_device.sh"), "--cpu"],
+                 base_env(OUT=str(out), PARITY_BUDGET_S="300"), timeout=1200,
+                 cwd=out.parent)
+    return result, out
 
 
 @pytest.mark.mpi
-def test_gpu_parity_runs_on_the_cpu_and_writes_its_json(tmp_path):
-    path = tmp_path / "parity.json"
-    result = run([sys.executable, str(BENCH / "gpu_parity.py"), *PARITY_CPU, "--budget-s",
-                  "600", "--json", str(path)], base_env(), timeout=900, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    doc = json.loads(path.read_text())
+def test_gpu_device_script_in_cpu_mode(device_script):
+    result, out = device_script
+    assert result.returncode == 0, result.stdout[-3000:]
+    names = {p.name for p in out.iterdir()}
+    assert names >= {"log.txt", "gpu-parity-h200.json", "gan-profile-h200.txt",
+                     "gan-profile-h200.json", "nccl-smoke.log"} and len(names) <= 8
+    assert "parity rc=0" in result.stdout and "smoke rc=0" in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1].startswith("== done")
+
+
+@pytest.mark.mpi
+def test_gpu_parity_runs_on_the_cpu_and_writes_its_json(device_script):
+    """The device script's parity run (bench/gpu_parity.py on the CPU, one pair per row)."""
+    doc = json.loads((device_script[1] / "gpu-parity-h200.json").read_text())
     assert doc["benchmark"] == "gpu_parity" and not doc["failures"]
     assert doc["provenance"]["git_commit"] and doc["provenance"]["torch"]
     assert [r["key"] for r in doc["rows"]] == ["resnet-tiny-b2-fp32-channels_last",
@@ -161,30 +175,14 @@ def test_gpu_parity_intervals_and_verdicts():
     assert gpu_parity.verdict(gpu_parity.interval([2.0]), 0.95) == "unresolved"
 
 
-def test_gpu_profile_on_the_cpu(tmp_path):
-    table = tmp_path / "profile.txt"
-    result = run([sys.executable, str(BENCH / "gpu_parity.py"), "--device", "cpu",
-                  "--gan-batch", "1", "--warmup", "1", "--profile-steps", "1", "--profile",
-                  str(table)], base_env(), timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+@pytest.mark.mpi
+def test_gpu_profile_on_the_cpu(device_script):
+    """The device script's torch.profiler table of the 3DGAN step, and its JSON."""
+    table = device_script[1] / "gan-profile-h200.txt"
     assert "sorted by self_cpu_time_total" in table.read_text()
     doc = json.loads(table.with_suffix(".json").read_text())
     assert doc["sorted_by"] == "self_cpu_us" and 0 < len(doc["top"]) <= 25
     assert doc["ms_per_step"] > 0 and any("conv" in t["name"] for t in doc["top"])
-
-
-@pytest.mark.slow
-@pytest.mark.mpi
-def test_gpu_device_script_in_cpu_mode(tmp_path):
-    out = tmp_path / "out"
-    result = run(["bash", str(BENCH / "gpu_device.sh"), "--cpu"],
-                 base_env(OUT=str(out), PARITY_BUDGET_S="300"), timeout=1200, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:]
-    names = {p.name for p in out.iterdir()}
-    assert names >= {"log.txt", "gpu-parity-h200.json", "gan-profile-h200.txt",
-                     "gan-profile-h200.json", "nccl-smoke.log"} and len(names) <= 8
-    assert "parity rc=0" in result.stdout and "smoke rc=0" in result.stdout
-    assert result.stdout.rstrip().splitlines()[-1].startswith("== done")
 
 
 @pytest.mark.mpi

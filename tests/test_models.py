@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import warnings
 
@@ -493,11 +494,12 @@ def test_cell_scale_is_the_loss_of_scaling_f_by_the_same_factor(D):
     ["3dgan"], ["3dgan", "--bn-axis", "depth", "--channels-first"],
     ["resnet-tiny", "--image-size", "32"],
     ["resnet-tiny", "--image-size", "32", "--channels-first"]])
-def test_the_flop_count_on_meta_tensors_equals_a_real_iterations(argv):
+def test_the_flop_count_on_meta_tensors_equals_a_real_iterations(argv, tmp_path, monkeypatch):
     """The trainer's count (``META`` copies, nothing computed) equals FlopCounterMode's count
     of the same iteration run on the CPU, whose losses are real numbers (the meta one's are
     NaN: it computed nothing). Control: a ResNet at another image size counts differently,
-    so an equality here can fail."""
+    so an equality here can fail. An empty FLOP cache: the meta count really runs."""
+    monkeypatch.setenv("HPCAI_CACHE", str(tmp_path))
     from hpcai.training.config import parse
     from hpcai.training.tasks import make_task
 
@@ -519,3 +521,39 @@ def test_the_flop_count_on_meta_tensors_equals_a_real_iterations(argv):
     else:                    # control: another image size, another count
         other = make_task(parse([*argv[:2], "48", *argv[3:]]), 1e-3)
         assert other.flops_per_sample() != meta
+
+
+def test_a_counted_model_is_read_from_the_flop_cache_and_a_changed_one_is_not(tmp_path,
+                                                                                  monkeypatch):
+    """The second task built the same way reads its count from the cache without counting;
+    controls: another image size, a changed layer flag, a corrupt entry and an unwritable
+    cache are each counted again (the corrupt entry is rewritten with the true count)."""
+    from hpcai.training import tasks
+    from hpcai.training.config import parse
+
+    monkeypatch.setenv("HPCAI_CACHE", str(tmp_path / "cache"))
+    argv = ["resnet-tiny", "--image-size", "32"]
+    counted = []
+    real_count = tasks.count_flops
+    monkeypatch.setattr(tasks, "count_flops", lambda fn: counted.append(1) or real_count(fn))
+    first = tasks.make_task(parse(argv), 1e-3).flops_per_sample()
+    (entry,) = (tmp_path / "cache" / "flops").glob("*.json")
+    assert counted == [1] and first > 0
+
+    assert tasks.make_task(parse(argv), 1e-3).flops_per_sample() == first
+    assert counted == [1], "the same model was counted again"
+
+    other = tasks.make_task(parse(["resnet-tiny", "--image-size", "48"]), 1e-3)
+    assert other.flops_per_sample() != first and counted == [1, 1]
+
+    flagged = tasks.make_task(parse(argv), 1e-3)
+    flagged.net.layer1[0].skip_this_block = True      # a flag a forward could branch on
+    assert flagged.flops_per_sample() == first and counted == [1, 1, 1]
+
+    entry.write_text("{not json")
+    assert tasks.make_task(parse(argv), 1e-3).flops_per_sample() == first
+    assert counted == [1, 1, 1, 1] and json.loads(entry.read_text())["flops_per_sample"] == first
+
+    monkeypatch.setenv("HPCAI_CACHE", "/proc/no-cache-here")
+    assert tasks.make_task(parse(argv), 1e-3).flops_per_sample() == first
+    assert counted == [1, 1, 1, 1, 1]

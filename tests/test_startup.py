@@ -437,6 +437,7 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
     expected paths are written out, so a second rule that reads an empty variable as a
     path (as facts did) fails here."""
     from hpcai.launcher.planning import facts
+    from hpcai.core.paths import cache_root
     from hpcai.launcher.job import jobplan
     from hpcai.launcher.planning.options import Options
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "h")}
@@ -447,7 +448,7 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
         env["XDG_CACHE_HOME"] = values.get(xdg, xdg)
     want = {"home": os.path.join(os.path.expanduser("~/.cache"), "hpcai"),
             "xdg": str(tmp_path / "xdg" / "hpcai"), "mine": str(tmp_path / "mine")}[expected]
-    assert jobplan.cache_root(env) == want
+    assert cache_root(env) == want
     assert jobplan.job_dir(env)[0] == os.path.join(want, "jobs")
     got = facts.gather_facts(Options(command=("true",), ranks_per_node=1), env, stage=False)
     assert got.cache_dir == want

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..core.errors import UserError
 from ..models import gan3d, resnet
 
-from . import eager
+from . import eager, flopcache
 from .averaging import WeightAverage, standing_statistics
 from .config import TrainConfig
 
@@ -271,7 +271,15 @@ class GanTask:
     def flops_per_sample(self, batch: int = 2, device: torch.device = META) -> float:
         """One whole iteration (4 optimiser steps) per real sample, on copies of the models
         on ``device``: by default shape-only (``META``), the same count without the
-        arithmetic (the random draws stay on the CPU)."""
+        arithmetic (the random draws stay on the CPU), and read from :mod:`.flopcache`
+        when counted before."""
+        if device != META:
+            return self._count(batch, device)
+        k = flopcache.key((self.G, self.D), [(batch, 1, 25, 25, 25)],
+                          (count_flops, gan3d.gan_iteration), task="3dgan", batch=batch)
+        return flopcache.cached(k, lambda: self._count(batch, META))
+
+    def _count(self, batch: int, device: torch.device) -> float:
         G, D = copy.deepcopy(self.G).to(device), copy.deepcopy(self.D).to(device)
         opt_g = eager.optimizer(torch.optim.SGD, G.parameters(), lr=0.0)
         opt_d = eager.optimizer(torch.optim.SGD, D.parameters(), lr=0.0)
@@ -349,7 +357,15 @@ class ResNetTask:
 
     def flops_per_sample(self, batch: int = 2, device: torch.device = META) -> float:
         """Forward and backward per sample, on a copy of the network on ``device`` (by
-        default shape-only, ``META``)."""
+        default shape-only, ``META``, and read from :mod:`.flopcache` when counted before)."""
+        if device != META:
+            return self._count(batch, device)
+        k = flopcache.key((self.net,), [(batch, 3, self.image_size, self.image_size)],
+                          (count_flops,), task="resnet", batch=batch,
+                          channels_last=self.channels_last)
+        return flopcache.cached(k, lambda: self._count(batch, META))
+
+    def _count(self, batch: int, device: torch.device) -> float:
         net = copy.deepcopy(self.net).to(device)
         x = self._prepare(torch.randn(batch, 3, self.image_size, self.image_size,
                                       device=device))

@@ -35,6 +35,7 @@ import time
 from typing import NamedTuple
 
 from ...core.errors import UserError
+from ...core.paths import cache_root
 from .rankenv import RankInfo, torch_env
 
 SHARED, NODE = "shared", "node"   # the site profile's job_dir_scope values, owned here
@@ -170,13 +171,6 @@ def job_dir(env: dict[str, str], head: list[str] | tuple[str, ...] = ()) -> tupl
     if site_dir:
         return site_dir, scope
     return os.path.join(cache_root(env), "jobs"), scope
-
-
-def cache_root(env: dict[str, str]) -> str:
-    """hpcai's cache: ``HPCAI_CACHE``, else ``$XDG_CACHE_HOME/hpcai``, else
-    ``~/.cache/hpcai``; an empty variable counts as unset (the XDG rule)."""
-    return env.get("HPCAI_CACHE") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hpcai")
 
 
 def _site_path(env: dict[str, str], head: list[str] | tuple[str, ...]) -> str | None:

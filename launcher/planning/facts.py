@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...core.paths import cache_root
 from ..mpi import flavours
 from ..job import jobplan, rankenv
 from ..node import topology
@@ -94,7 +95,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             found = flavours.find_launcher(None, env)
             mpi = flavours.resolve("auto", found, env) if found else None
         port = _free_port(socket)
-    cache_dir = jobplan.cache_root(env)
+    cache_dir = cache_root(env)
     stage_root = cache_dir
     if site is not None and site.job_dir and site.job_dir_scope == jobplan.NODE:
         stage_root = os.path.expandvars(site.job_dir)   # node-local: no shared copy
