@@ -266,20 +266,28 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(launch, args, report=launch.report)
 
 
-def check_training_command(options: Options) -> None:
+def check_training_command(options: Options):
     """A ``train`` command checked once here before any rank starts
     (:func:`hpcai.training.preflight.preflight`): a usage error, and for a bare run its
     data, output directory and ``--resume`` checkpoint, are said once, not by every rank
     and then by mpirun's abort banner. In a container the paths are the image's, which
     the ranks check. A bare ``train`` is checked only if it is hpcai's (someone else's
-    ``train`` is theirs)."""
+    ``train`` is theirs). Returns the command's ``TrainConfig``, or None."""
     import shutil
 
     from ..training.preflight import preflight
 
     bare = options.container is None or options.runtime == "none"
     program = shutil.which(options.command[0]) if bare and options.command else None
-    preflight(options.command, program, inputs=bare)
+    return preflight(options.command, program, inputs=bare)
+
+
+def _with_recipe(text: str, train) -> str:
+    """The plan's text, and for a 3DGAN ``train`` the recipe it starts from."""
+    from ..training.recipes import settings_line
+
+    line = settings_line(train) if train is not None else None
+    return text if line is None else f"{text}\ntrain:     {line}"
 
 
 class _Launch:
@@ -304,13 +312,14 @@ class _Launch:
         from .planning.plan import build_plan, key_files, rank_template
 
         options, ns = parse(argv)
+        train = None
         if from_environ(dict(os.environ)) is None:   # the outer hpcai-launch, not a rank
-            check_training_command(options)
+            train = check_training_command(options)
         facts = gather_facts(options, stage=not ns.dry_run)
         self.loud = facts.rank is None or facts.rank.local_rank == 0
         plan = build_plan(options, facts)
         if ns.dry_run:
-            print(plan.to_json() if ns.json else plan.render())
+            print(plan.to_json() if ns.json else _with_recipe(plan.render(), train))
             return 0
         if self.job is not None and plan.mode == "rank":
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))

@@ -128,3 +128,24 @@ def test_a_resumed_run_goes_on_with_its_recipe(tmp_path: Path):
     assert control.returncode == 0, control.stderr[-2000:]
     assert "recipe learning (--batch-size given)," in control.stdout
     assert json.loads((fresh / "epochs.jsonl").read_text())["lr"] == pytest.approx(2e-4)
+
+
+def test_the_launchers_dry_run_names_the_recipe_and_its_values(tmp_path: Path):
+    """``hpcai-launch --dry-run -- train 3dgan`` ends with the recipe and every value it
+    tunes (a flag given named), says that a resumed run takes its checkpoint's recipe, and
+    writes nothing. Control: a ResNet's dry run has no such line."""
+    def train_line(*argv: str) -> list[str]:
+        got = run(["hpcai-launch", "-N", "2", "--dry-run", "--", "train", *argv,
+                   "--out", str(tmp_path / "out")], base_env())
+        assert got.returncode == 0, got.stderr
+        return [line for line in got.stdout.splitlines() if line.startswith("train:")]
+
+    assert train_line("3dgan", "--generate", "24", "--lr", "5e-4") == [
+        "train:     3dgan, recipe learning (--lr given): batch-size 16, lr 0.0005, optimizer "
+        "adam, warmup-epochs 0, lr-decay step, cell-scale 100, validate-bn standing"]
+    (resumed,) = train_line("3dgan", "--generate", "24", "--resume")
+    assert "recipe learning (a resumed run takes its checkpoint's recipe): " in resumed
+    (chosen,) = train_line("3dgan", "--generate", "24", "--resume", "--recipe", "cern2019")
+    assert chosen.startswith("train:     3dgan, recipe cern2019: batch-size 16, lr 0.001,")
+    assert train_line("resnet-tiny") == []
+    assert not (tmp_path / "out").exists()

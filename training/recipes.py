@@ -91,6 +91,21 @@ def for_resume(values: dict, saved: dict) -> tuple[dict, str | None]:
     return apply(values, name, values.get("overrides", ())), note
 
 
+def settings_line(cfg) -> str | None:
+    """For ``hpcai-launch --dry-run``: the recipe a 3DGAN ``TrainConfig`` starts from and the
+    values of every setting it tunes (flags given included), or None for another model."""
+    if cfg.recipe is None:
+        return None
+    given = [k for k in cfg.overrides if k != "recipe"]
+    values = ", ".join(f"{k.replace('_', '-')} {getattr(cfg, k):g}"
+                       if isinstance(getattr(cfg, k), float)
+                       else f"{k.replace('_', '-')} {getattr(cfg, k)}" for k in TUNED)
+    resumed = (" (a resumed run takes its checkpoint's recipe)"
+               if cfg.resume and "recipe" not in cfg.overrides else "")
+    flags = f" ({' '.join('--' + k.replace('_', '-') for k in given)} given)" if given else ""
+    return f"{cfg.model}, recipe {cfg.recipe}{flags}{resumed}: {values}"
+
+
 def describe(name: str | None, overrides: tuple[str, ...]) -> str:
     """For the start-up line: "recipe NAME, " (with the flags that override it), or ""."""
     if name is None:
