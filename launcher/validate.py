@@ -7,7 +7,11 @@ on the host's MPI, bound as planned, at the host's speed.
 
 The launch options make a plan, as for any launch; ``validate`` runs that job shape with
 ``python3 -m hpcai.launcher.probe --bench`` in the container and bare on the host, and
-checks the container's ranks against the plan:
+checks the container's ranks against the plan. Each launch is planned in validate's own
+process, as ``hpcai-launch`` plans it (the files of the host libraries are read once per
+validate, not once per launch), and carried out as ``hpcai-launch`` carries out a plan
+(its ``mpirun`` or ``srun`` command); both sides are planned before any rank starts. The
+checks:
 
 - **world**: one record per planned rank (ranks per node x hosts or nodes), ranks 0..N-1
   once each, every rank sees size N. N processes that each are "rank 0 of 1" (no PMI the
@@ -74,7 +78,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import re
@@ -274,21 +277,55 @@ def probe_args(checks: tuple[str, ...] = CHECKS) -> tuple[str, ...]:
                  in checks)
 
 
-def launch(options: Options, side: str, out: Path, checks: tuple[str, ...] = CHECKS) -> Launch:
+def plan_side(options: Options, side: str, out: Path,
+              checks: tuple[str, ...] = CHECKS) -> LaunchPlan:
+    """One launch of one side, planned as ``hpcai-launch`` plans it (host libraries
+    staged), its probe writing into ``out``."""
     python = "python3" if side == "container" else sys.executable
     command = (python, *probe_args(checks), "--out", os.path.relpath(out))
     run_options = replace(options if side == "container" else bare(options), command=command)
-    code, stderr = _run([sys.executable, "-m", "hpcai.launcher", *run_options.to_argv()])
+    return build_plan(run_options, gather_facts(run_options, stage=True))
+
+
+def launch(plan: LaunchPlan, side: str, out: Path) -> Launch:
+    """Carry out one launch's plan as ``hpcai-launch`` does (its compatibility links, its
+    environment), then read the records its probe wrote into ``out``."""
+    from .run.child import with_environ
+    from .run.execute import make_compat_links
+    make_compat_links(plan.compat_links)
+    code, stderr = _run(list(plan.argv), with_environ(plan.env_dict()))
     records = tuple(ProbeRecord.load(p) for p in sorted(out.glob("rank-*.json")))
     return Launch(side, code, stderr, records)
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
-    """(exit code, stderr). After :data:`LAUNCH_TIMEOUT_S`, or when validate itself is
-    interrupted, the launch's whole process group is stopped (SIGTERM, which reaches the ranks
-    through hpcai-launch and mpirun, then SIGKILL), so no rank is left spinning."""
-    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
+class Planned:
+    """:func:`run_trials`' default ``run``: every side's first launch is planned before
+    any rank starts, each later one when its turn comes (:func:`plan_side`, in this
+    process: the ELF facts of the host libraries stay cached), then carried out
+    (:func:`launch`)."""
+
+    def __init__(self, options: Options, sides: set[str], work: Path,
+                 checks: tuple[str, ...]) -> None:
+        self.checks = checks
+        self.first = {work / f"{side}-0": plan_side(options, side, work / f"{side}-0", checks)
+                      for side in sorted(sides)}
+
+    def __call__(self, options: Options, side: str, out: Path) -> Launch:
+        plan = self.first.pop(out, None) or plan_side(options, side, out, self.checks)
+        return launch(plan, side, out)
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """(exit code, stderr; 127 where ``argv[0]`` cannot start). After
+    :data:`LAUNCH_TIMEOUT_S`, or when validate itself is interrupted, the launch's whole
+    process group is stopped (SIGTERM to mpirun or srun and the processes beside it, then
+    SIGKILL), so no rank is left spinning."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env, start_new_session=True)
+    except OSError as exc:
+        return 127, f"error: cannot start {argv[0]}: {exc.strerror}"
+    with proc:
         try:
             _, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
             return proc.returncode, err
@@ -556,14 +593,14 @@ def run_trials(options: Options, want: Expectation, trials: int, threshold: floa
     in); the first failure ends the run. After ``trials``, a judged size whose trials lie
     on both sides of the floor gets more trials, up to ``max_trials`` (module doc).
     Without speed in ``checks`` each side runs once, and the bare side only for mpi or
-    fabric (what the container is compared with). ``run``: one launch (default
-    :func:`launch`)."""
+    fabric (what the container is compared with). ``run``: one launch (default: the sides
+    planned once, :class:`Planned`)."""
     speed = "speed" in checks
-    run = run or functools.partial(launch, checks=checks)
     if not speed:
         trials = max_trials = 1
     max_trials = max(trials, max_trials or trials)
     sides = {"container"} | ({"bare"} if speed or {"mpi", "fabric"} & set(checks) else set())
+    run = run or Planned(options, sides, work, checks)
     out = Outcome(checks=tuple(checks))
     trial = 0
     while trial < trials or (trial < max_trials and _unsettled(out, threshold)):

@@ -207,8 +207,12 @@ def _site(tmp_path: Path, work_mode: str) -> Path:
     return site
 
 
+# The GEMM probe, the evaluation and the physics validation are not what these tests check
+# (tests/test_training.py, tests/test_physics.py): skipped, as --peak-gflops 50,
+# --eval-samples 0 and --validate-events 0 say.
 TRAIN = ["train", "3dgan", "--generate", "64", "--epochs", "1", "--batch-size", "4",
-         "--max-steps", "2", "--out", "/hppfs/work/run1"]
+         "--max-steps", "2", "--peak-gflops", "50", "--eval-samples", "0",
+         "--validate-events", "0", "--out", "/hppfs/work/run1"]
 
 
 def test_apptainer_trains_3dgan_with_host_mpi(apptainer_rig, image, host_mpi, tmp_path):
