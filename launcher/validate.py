@@ -3,18 +3,23 @@ on the host's MPI, bound as planned, at the host's speed.
 
     hpcai-launch validate --container IMG [launch options] [--trials 5] [--max-trials 15]
                           [--threshold 0.8] [--json FILE] [--expect-libmpi PREFIX]
-                          [--nccl-floor GB/s]
+                          [--nccl-floor GB/s] [--only CHECK[,CHECK]]
 
 The launch options make a plan, as for any launch; ``validate`` runs that job shape with
 ``python3 -m hpcai.launcher.probe --bench`` in the container and bare on the host, and
-checks the container's ranks against the plan:
+checks the container's ranks against the plan. Each launch is planned in validate's own
+process, as ``hpcai-launch`` plans it (the files of the host libraries are read once per
+validate, not once per launch), and carried out as ``hpcai-launch`` carries out a plan
+(its ``mpirun`` or ``srun`` command); both sides are planned before any rank starts. The
+checks:
 
 - **world**: one record per planned rank (ranks per node x hosts or nodes), ranks 0..N-1
   once each, every rank sees size N. N processes that each are "rank 0 of 1" (no PMI the
   MPI speaks) fail here: by count, by duplicate rank and as a singleton world;
 - **MPI**: the file that defines ``MPI_Init`` in every rank (``dladdr``) lies under
   ``--expect-libmpi``, else the site profile's ``expected_libmpi``, else ``/opt/hpcai/host``
-  (the bound host MPI); the image's own libmpi fails, and so does a plan that binds no host MPI;
+  (the bound host MPI); the image's own libmpi fails, and so does a plan that binds no host MPI,
+  and a library version other than the one the same launch runs bare on the host;
 - **fabric**: every fabric library (libfabric, libpsm2, UCX, libibverbs, NCCL) the MPI
   loads bare on the host is loaded in the container too, from the host's files (the host
   mount or another bind), not from the image;
@@ -58,6 +63,13 @@ Exit codes:
     3  UNVERIFIED  everything else passed, but the bare side could not be measured, so the
                    floor was not checked (never reported as OK)
 
+``--only CHECK[,CHECK]`` runs only the named checks of world, mpi, fabric, binding, gpu and
+speed (world always: the others read its records); an unknown name is a usage error. The
+output, the OK line and the report (``checks``, ``not_checked``) name what was left out.
+Without speed there are no trials: one container launch, plus one bare launch where mpi or
+fabric compare with it, and a bare launch without a full world is UNVERIFIED as above;
+``--trials`` and ``--max-trials`` then are usage errors.
+
 A table, the per-size medians with their spread and ratio, and a JSON report (``--json``,
 default ``hpcai-validate.json``) with every trial are written either way.
 """
@@ -97,6 +109,8 @@ EXTEND_FACTOR = 3               # --max-trials defaults to this many times --tri
 EXIT_OK, EXIT_FAIL, EXIT_UNVERIFIED = 0, 1, 3
 LAUNCH_TIMEOUT_S = 300
 PROBE = ("-m", "hpcai.launcher.probe", "--bench", "--quiet", "--gpu")
+# What --only can select, in the order the module doc lists them; world is always checked.
+CHECKS = ("world", "mpi", "fabric", "binding", "gpu", "speed")
 _ERROR_LINE = r"^\w*(Error|Exception)\b|^error:|cannot open shared object|no end after"
 
 
@@ -105,7 +119,10 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--json", default="hpcai-validate.json")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="floor: container speed / bare speed, per message size")
-    parser.add_argument("--trials", type=int, default=MIN_TRIALS,
+    parser.add_argument("--only", default=None, metavar="CHECK[,CHECK]",
+                        help=f"run only these checks, of {', '.join(CHECKS)} (world is "
+                             "always checked; without speed one launch per side)")
+    parser.add_argument("--trials", type=int, default=None,
                         help=f"launches per side, alternated (at least {MIN_TRIALS})")
     parser.add_argument("--max-trials", type=int, default=None,
                         help="launches per side at most, when a size's trials fall on both "
@@ -120,6 +137,16 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if ns.help:
         print(__doc__)
         raise SystemExit(0)
+    ns.checks = _checks(ns.only)
+    if "speed" not in ns.checks:
+        given = [flag for flag, value in (("--trials", ns.trials),
+                                          ("--max-trials", ns.max_trials)) if value is not None]
+        if given:
+            raise UserError(f"{' and '.join(given)} with --only {ns.only}: trials are the "
+                            "speed check's, which --only leaves out",
+                            f"add speed to --only, or drop {' and '.join(given)}")
+    if ns.trials is None:
+        ns.trials = MIN_TRIALS
     if ns.trials < MIN_TRIALS:
         raise UserError(f"--trials {ns.trials}: the comparison needs at least {MIN_TRIALS} "
                         "trials per side", f"give --trials {MIN_TRIALS} or more")
@@ -132,6 +159,19 @@ def _split(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         raise UserError(f"--threshold {ns.threshold} is not a ratio in (0, 1]",
                         "e.g. --threshold 0.8: the container reaches 80 % of the bare speed")
     return ns, rest
+
+
+def _checks(only: str | None) -> tuple[str, ...]:
+    """The checks ``--only`` selects (None: all), in :data:`CHECKS` order, world always."""
+    if only is None:
+        return CHECKS
+    names = [name.strip() for name in only.split(",")]
+    unknown = [name for name in names if name not in CHECKS]
+    if unknown:
+        raise UserError(f"--only {only}: unknown check {', '.join(map(repr, unknown))}",
+                        f"name checks of {', '.join(CHECKS)}, comma-separated, e.g. "
+                        "--only mpi,fabric")
+    return tuple(c for c in CHECKS if c in names or c == "world")
 
 
 # --- what the plan says -------------------------------------------------------------------
@@ -231,21 +271,61 @@ def bare(options: Options) -> Options:
                    host_libs=None, bind_host_mpi=None, gpu_driver="auto")
 
 
-def launch(options: Options, side: str, out: Path) -> Launch:
+def probe_args(checks: tuple[str, ...] = CHECKS) -> tuple[str, ...]:
+    """The probe's arguments: the ping-pong for speed, the GPU probe for gpu."""
+    return tuple(a for a in PROBE if {"--bench": "speed", "--gpu": "gpu"}.get(a, "world")
+                 in checks)
+
+
+def plan_side(options: Options, side: str, out: Path,
+              checks: tuple[str, ...] = CHECKS) -> LaunchPlan:
+    """One launch of one side, planned as ``hpcai-launch`` plans it (host libraries
+    staged), its probe writing into ``out``."""
     python = "python3" if side == "container" else sys.executable
-    command = (python, *PROBE, "--out", os.path.relpath(out))
+    command = (python, *probe_args(checks), "--out", os.path.relpath(out))
     run_options = replace(options if side == "container" else bare(options), command=command)
-    code, stderr = _run([sys.executable, "-m", "hpcai.launcher", *run_options.to_argv()])
+    return build_plan(run_options, gather_facts(run_options, stage=True))
+
+
+def launch(plan: LaunchPlan, side: str, out: Path) -> Launch:
+    """Carry out one launch's plan as ``hpcai-launch`` does (its compatibility links, its
+    environment), then read the records its probe wrote into ``out``."""
+    from .run.child import with_environ
+    from .run.execute import make_compat_links
+    make_compat_links(plan.compat_links)
+    code, stderr = _run(list(plan.argv), with_environ(plan.env_dict()))
     records = tuple(ProbeRecord.load(p) for p in sorted(out.glob("rank-*.json")))
     return Launch(side, code, stderr, records)
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
-    """(exit code, stderr). After :data:`LAUNCH_TIMEOUT_S`, or when validate itself is
-    interrupted, the launch's whole process group is stopped (SIGTERM, which reaches the ranks
-    through hpcai-launch and mpirun, then SIGKILL), so no rank is left spinning."""
-    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
+class Planned:
+    """:func:`run_trials`' default ``run``: every side's first launch is planned before
+    any rank starts, each later one when its turn comes (:func:`plan_side`, in this
+    process: the ELF facts of the host libraries stay cached), then carried out
+    (:func:`launch`)."""
+
+    def __init__(self, options: Options, sides: set[str], work: Path,
+                 checks: tuple[str, ...]) -> None:
+        self.checks = checks
+        self.first = {work / f"{side}-0": plan_side(options, side, work / f"{side}-0", checks)
+                      for side in sorted(sides)}
+
+    def __call__(self, options: Options, side: str, out: Path) -> Launch:
+        plan = self.first.pop(out, None) or plan_side(options, side, out, self.checks)
+        return launch(plan, side, out)
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """(exit code, stderr; 127 where ``argv[0]`` cannot start). After
+    :data:`LAUNCH_TIMEOUT_S`, or when validate itself is interrupted, the launch's whole
+    process group is stopped (SIGTERM to mpirun or srun and the processes beside it, then
+    SIGKILL), so no rank is left spinning."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env, start_new_session=True)
+    except OSError as exc:
+        return 127, f"error: cannot start {argv[0]}: {exc.strerror}"
+    with proc:
         try:
             _, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
             return proc.returncode, err
@@ -493,6 +573,7 @@ class Outcome:
     sizes: list[SizeResult] = field(default_factory=list)
     trials_run: int = 0
     extended: list[str] = field(default_factory=list)   # why more than --trials ran
+    checks: tuple[str, ...] = CHECKS                      # what was checked (--only)
 
     @property
     def verdict(self) -> tuple[str, int]:
@@ -505,36 +586,46 @@ class Outcome:
 
 def run_trials(options: Options, want: Expectation, trials: int, threshold: float,
                work: Path, max_trials: int | None = None,
-               run: Callable[[Options, str, Path], Launch] | None = None) -> Outcome:
+               run: Callable[[Options, str, Path], Launch] | None = None,
+               checks: tuple[str, ...] = CHECKS) -> Outcome:
     """Alternate the two sides. Each container launch is checked as soon as it ends (the
     world every time; MPI and CPUs the first time, fabric once the first bare launch is
     in); the first failure ends the run. After ``trials``, a judged size whose trials lie
     on both sides of the floor gets more trials, up to ``max_trials`` (module doc).
-    ``run``: one launch (default :func:`launch`)."""
-    run = run or launch
+    Without speed in ``checks`` each side runs once, and the bare side only for mpi or
+    fabric (what the container is compared with). ``run``: one launch (default: the sides
+    planned once, :class:`Planned`)."""
+    speed = "speed" in checks
+    if not speed:
+        trials = max_trials = 1
     max_trials = max(trials, max_trials or trials)
-    out = Outcome()
+    sides = {"container"} | ({"bare"} if speed or {"mpi", "fabric"} & set(checks) else set())
+    run = run or Planned(options, sides, work, checks)
+    out = Outcome(checks=tuple(checks))
     trial = 0
     while trial < trials or (trial < max_trials and _unsettled(out, threshold)):
         out.trials_run = trial + 1
         order = ("container", "bare") if trial % 2 == 0 else ("bare", "container")
-        for side in order:
+        for side in (s for s in order if s in sides):
             ran = run(options, side, work / f"{side}-{trial}")
             (out.container if side == "container" else out.bare).append(ran)
             if side == "container":
-                out.problems += _check_container(ran, want, trial)
+                out.problems += _check_container(ran, want, trial, checks)
             elif trial == 0 and out.container:
-                out.problems += _check_against_bare(out.container[0], ran, want)
+                out.problems += _check_against_bare(out.container[0], ran, want, checks)
             if out.problems:
                 return out
         trial += 1
     missed = [i + 1 for i, r in enumerate(out.bare)
-              if r.rank0 is None or check_world(r, want)]
+              if (speed and r.rank0 is None) or check_world(r, want)]
     if missed:
         first = out.bare[missed[0] - 1]
         detail = "; ".join(check_world(first, want)) or first.failure()
-        out.unverified.append(f"the bare host probe did not measure in trial(s) "
-                              f"{format_cpulist(missed)} of {out.trials_run}: {detail}")
+        out.unverified.append(f"the bare host probe did not {'measure' if speed else 'report'}"
+                              f" in trial(s) {format_cpulist(missed)} of {out.trials_run}: "
+                              f"{detail}")
+        return out
+    if not speed:
         return out
     out.sizes = compare(out.container, out.bare)
     out.problems += [f"{_size(s.nbytes)} ping-pong: the container reaches {s.ratio:.2f} x "
@@ -565,19 +656,25 @@ def check_gpu(run: Launch, want: Expectation) -> tuple[list[str], list[str]]:
     return gpucheck.check(ranks, want.gpu, lambda path: _from_host(path, want))
 
 
-def _check_container(run: Launch, want: Expectation, trial: int) -> list[str]:
+def _check_container(run: Launch, want: Expectation, trial: int,
+                     checks: tuple[str, ...] = CHECKS) -> list[str]:
     problems = check_world(run, want)
     if trial == 0 and run.records:
-        problems += check_mpi(run, want) + check_cpus(run, want) + check_gpu(run, want)[1]
-    if not problems and run.rank0 is None:
+        problems += ((check_mpi(run, want) if "mpi" in checks else [])
+                     + (check_cpus(run, want) if "binding" in checks else [])
+                     + (check_gpu(run, want)[1] if "gpu" in checks else []))
+    if not problems and "speed" in checks and run.rank0 is None:
         problems.append(f"no ping-pong from the container; {run.failure()}")
     return [f"trial {trial + 1}: {p}" if trial else p for p in problems]
 
 
-def _check_against_bare(run: Launch, bare_run: Launch, want: Expectation) -> list[str]:
-    """The same MPI as bare, and the fabric libraries it loads bare (first trial)."""
+def _check_against_bare(run: Launch, bare_run: Launch, want: Expectation,
+                        checks: tuple[str, ...] = CHECKS) -> list[str]:
+    """The same MPI as bare (mpi), and the fabric libraries it loads bare (fabric; first
+    trial)."""
     reference = bare_run if bare_run.records and bare_run.code == 0 else None
-    return check_same_mpi(run, reference) or check_fabric(run, reference, want)
+    return ((check_same_mpi(run, reference) if "mpi" in checks else [])
+            or (check_fabric(run, reference, want) if "fabric" in checks else []))
 
 
 def launch_warnings(launches: list[Launch]) -> list[str]:
@@ -626,7 +723,8 @@ def report(outcome: Outcome, want: Expectation, threshold: float) -> dict:
     return {"verdict": verdict, "exit_code": code, "valid": verdict == "OK",
             "problems": outcome.problems, "unverified": outcome.unverified,
             "threshold": threshold, "trials_run": outcome.trials_run,
-            "extended": outcome.extended,
+            "extended": outcome.extended, "checks": list(outcome.checks),
+            "not_checked": [c for c in CHECKS if c not in outcome.checks],
             "expected": {**asdict(want), "cpus": {k: list(v) for k, v in want.cpus.items()}},
             "sizes": [s.to_dict() for s in outcome.sizes],
             "container": runs(outcome.container), "bare": runs(outcome.bare)}
@@ -644,18 +742,24 @@ def main(argv: list[str],
     want = expect(options, ns)
     work = Path(tempfile.mkdtemp(prefix=".hpcai-validate-", dir=os.getcwd()))
     try:
-        outcome = run_trials(options, want, ns.trials, ns.threshold, work, ns.max_trials)
+        outcome = run_trials(options, want, ns.trials, ns.threshold, work, ns.max_trials,
+                             checks=ns.checks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     verdict, code = outcome.verdict
+    skipped = [c for c in CHECKS if c not in ns.checks]
+    speed = "speed" in ns.checks
     print(f"plan: {want.world or '?'} ranks; libmpi under {want.libmpi_prefix}; "
           + (f"{outcome.trials_run} trial(s) per side run: {ns.trials}, then up to "
              f"{ns.max_trials} as {'; '.join(outcome.extended)}" if outcome.extended else
-             f"{outcome.trials_run} of {ns.trials} trial(s) per side run"))
+             f"{outcome.trials_run} of {ns.trials} trial(s) per side run" if speed else
+             f"{len(outcome.container)} container and {len(outcome.bare)} bare launch(es) run"))
+    if skipped:
+        print(f"checks (--only): {', '.join(ns.checks)}; not checked: {', '.join(skipped)}")
     if outcome.container and outcome.container[0].records:
         print("in the container (trial 1):")
         print(table(outcome.container[0].records, want))
-    if outcome.container and outcome.container[0].records:
+    if outcome.container and outcome.container[0].records and "gpu" in ns.checks:
         print("\n".join(check_gpu(outcome.container[0], want)[0]))
     if outcome.sizes:
         print(f"ping-pong, median of {outcome.trials_run} trials per side "
@@ -670,9 +774,14 @@ def main(argv: list[str],
     for reason in outcome.unverified:
         print(f"UNVERIFIED: {reason}")
     if verdict == "OK":
-        worst = min((s for s in outcome.sizes if s.judged), key=lambda s: s.ratio)
-        print(f"OK: {len(outcome.container[0].records)} ranks, one world, MPI from "
-              f"{want.libmpi_prefix}, bound as planned; container/bare bandwidth >= "
-              f"{worst.ratio:.2f} x (floor {ns.threshold:.2f})")
+        said = [f"{len(outcome.container[0].records)} ranks, one world"]
+        said += [f"MPI from {want.libmpi_prefix}"] if "mpi" in ns.checks else []
+        said += ["bound as planned"] if "binding" in ns.checks else []
+        if speed:
+            worst = min((s for s in outcome.sizes if s.judged), key=lambda s: s.ratio)
+            said[-1] += (f"; container/bare bandwidth >= {worst.ratio:.2f} x "
+                         f"(floor {ns.threshold:.2f})")
+        print("OK: " + ", ".join(said)
+              + (f"; not checked (--only): {', '.join(skipped)}" if skipped else ""))
     print(f"verdict: {verdict} (exit {code}); report {ns.json}")
     return code

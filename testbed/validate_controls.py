@@ -31,7 +31,7 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 HEALTHY = "healthy"
 CONTROLS = ("singleton", "image-mpi", "tcp-fallback", "missing-fabric", "cpu-binding")
@@ -159,6 +159,20 @@ def scenario_argv(scenario: str, image: Path, env: dict[str, str],
             yield [*validate, "--mpi", "mpich", "--mpirun", str(wrapper)]
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
+
+
+_SHARED: dict[tuple[str, Path], Result] = {}
+
+
+def shared_scenario(scenario: str, image: Path, env: dict[str, str],
+                    new_dir: Callable[[], Path]) -> Result:
+    """:func:`run_scenario`, run once per test session for each scenario and image (in a
+    directory from ``new_dir``): the tests that only read a run's output share it
+    (``tests/test_validate.py`` and ``tests/test_containers.py``)."""
+    key = (scenario, Path(image))
+    if key not in _SHARED:
+        _SHARED[key] = run_scenario(scenario, image, env, new_dir())
+    return _SHARED[key]
 
 
 def run_scenario(scenario: str, image: Path, env: dict[str, str], work: Path) -> Result:

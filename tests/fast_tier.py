@@ -180,6 +180,8 @@ FAST = frozenset({
     "test_validate.py::test_launch_warnings_name_the_trials_and_the_whole_message",
     "test_validate.py::test_max_trials_equal_to_trials_never_extends",
     "test_validate.py::test_mpi_cpu_and_fabric_checks",
+    "test_validate.py::test_only_names_checks_in_their_order_with_world_and_the_probe_follows",
+    "test_validate.py::test_without_speed_each_side_runs_once_and_only_the_named_checks_judge",
     "test_validate.py::test_world_checks",
 })
 NOT_FAST_MARKS = ("mpi", "slurm", "container")

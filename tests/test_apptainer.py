@@ -207,8 +207,12 @@ def _site(tmp_path: Path, work_mode: str) -> Path:
     return site
 
 
+# The GEMM probe, the evaluation and the physics validation are not what these tests check
+# (tests/test_training.py, tests/test_physics.py): skipped, as --peak-gflops 50,
+# --eval-samples 0 and --validate-events 0 say.
 TRAIN = ["train", "3dgan", "--generate", "64", "--epochs", "1", "--batch-size", "4",
-         "--max-steps", "2", "--out", "/hppfs/work/run1"]
+         "--max-steps", "2", "--peak-gflops", "50", "--eval-samples", "0",
+         "--validate-events", "0", "--out", "/hppfs/work/run1"]
 
 
 def test_apptainer_trains_3dgan_with_host_mpi(apptainer_rig, image, host_mpi, tmp_path):
@@ -275,14 +279,17 @@ def test_apptainer_output_outside_a_writable_bind_is_refused(apptainer_rig, imag
 def test_apptainer_validate_passes_with_host_mpi(apptainer_rig, image, host_mpi, tmp_path):
     report = tmp_path / "report.json"
     # The bandwidth floor is not what this checks (validate's own tests do): this 2-core VM
-    # is shared, and its container/host ratio wandered 0.31-1.57 here between runs.
-    result = launch(apptainer_rig, host_mpi, "--threshold", "0.1", "--json", str(report),
-                    "--container", str(image), command=("validate",), cwd=tmp_path)
+    # is shared, and its container/host ratio wandered 0.31-1.57 here between runs. Every
+    # other check runs: one launch per side.
+    result = launch(apptainer_rig, host_mpi, "--only", "mpi,fabric,binding,gpu", "--json",
+                    str(report), "--container", str(image), command=("validate",),
+                    cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lib = HOST_LIB + SONAME[host_mpi.name]
     assert "OK: 2 ranks" in result.stdout, result.stdout
     data = json.loads(report.read_text())
     assert data["valid"] and data["verdict"] == "OK"
+    assert data["not_checked"] == ["speed"] and len(data["bare"]) == 1, data["not_checked"]
     for launch_ in data["container"]:        # every trial in the container
         records = launch_["records"]
         assert len(records) == 2 and all(r["libmpi"] == [lib] for r in records), records

@@ -20,6 +20,7 @@ from conftest import FLAVOURS, run
 from fakeimages import fake_image as _fake_image
 from rankcheck import assert_one_world, load_ranks
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
+from validate_controls import HEALTHY, shared_scenario
 
 PROBE = ["python3", "-m", "hpcai.launcher.probe", "--quiet", "--out", "out"]
 HOST_LIB = "/opt/hpcai/host/lib/"
@@ -114,27 +115,28 @@ def test_container_preflight_errors(case, image, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_validate_passes_with_host_mpi_and_fails_without(image, tmp_path):
-    """The negative controls are in tests/test_validate.py; this is the pair in short."""
-    report = tmp_path / "report.json"
-    good = run(["hpcai-launch", "validate", "--json", str(report),
-                "--container", str(image), "-N", "2"], image_env(), cwd=tmp_path, timeout=300)
-    assert good.returncode == 0, good.stdout + good.stderr[-3000:]
+def test_validate_passes_with_host_mpi_and_fails_without(image, tmp_path_factory):
+    """The negative controls are in tests/test_validate.py; this is the pair in short: its
+    healthy and image-mpi runs (``validate --container IMG -N 2``, the same with
+    ``--no-bind-host-mpi``), run once per session for both files."""
+    def scenario(name: str):
+        return shared_scenario(name, image, image_env(), lambda: tmp_path_factory.mktemp(name))
+
+    good = scenario(HEALTHY)
+    assert good.code == 0, good.stdout + good.stderr[-3000:]
     assert "OK: 2 ranks" in good.stdout and "/opt/hpcai/host/lib/libmpi.so.40" in good.stdout
-    data = json.loads(report.read_text())
+    data = good.report
     assert data["valid"] and data["verdict"] == "OK"
     n = data["trials_run"]       # 5, or 15 where a size's first five split around the floor
     assert n in (5, 15) and bool(data["extended"]) == (n == 15), data["extended"]
     assert [len(r["records"]) for r in data["container"]] == [2] * n
     assert [len(r["records"]) for r in data["bare"]] == [2] * n
     assert [s["nbytes"] for s in data["sizes"]] == [8, 64 << 10, 4 << 20]
-    bad = run(["hpcai-launch", "validate", "--json", str(report),
-               "--container", str(image), "--no-bind-host-mpi", "-N", "2"], image_env(),
-              cwd=tmp_path, timeout=300)
-    assert bad.returncode == 1
+    bad = scenario("image-mpi")
+    assert bad.code == 1
     assert "not from /opt/hpcai/host (the plan binds no host MPI: --no-bind-host-mpi)" \
         in bad.stdout, bad.stdout
-    assert not json.loads(report.read_text())["valid"]
+    assert not bad.report["valid"]
 
 
 def test_srun_starts_containerised_ranks_with_host_mpi(image, tmp_path):

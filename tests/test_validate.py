@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 from conftest import base_env, run
 from test_image import image, image_env  # noqa: F401 - fixture
 from test_image import pytestmark as IMAGE_MARKS
-from validate_controls import CONTROLS, HEALTHY, cpuset, missing, run_scenario
+from validate_controls import CAUSES, CONTROLS, HEALTHY, cpuset, missing, shared_scenario
 
 from hpcai.launcher.probe import PingPong, ProbeRecord
 from hpcai.launcher import validate
@@ -36,20 +37,21 @@ def container(test):
     return test
 
 
-def _scenario(name: str, image: Path, tmp_path: Path):
+def _scenario(name: str, image: Path, tmp_path_factory):
+    """The scenario's run, shared with tests/test_containers.py (one run per session)."""
     why = missing(name)
     if why:
         pytest.skip(why)
-    return run_scenario(name, image, image_env(), tmp_path)
+    return shared_scenario(name, image, image_env(), lambda: tmp_path_factory.mktemp(name))
 
 
 @container
-def test_healthy_set_up_passes(image, tmp_path):
+def test_healthy_set_up_passes(image, tmp_path_factory):
     """Every check of a healthy set-up passes: world, MPI library, fabric, binding. Whether
     the container also holds the bandwidth floor is a measurement of this machine at this
     moment (two busy loops beside it can halve one side), so here the verdict only has to
     follow the measured ratios; bench/validate_repeat.py counts how often the floor holds."""
-    result = _scenario(HEALTHY, image, tmp_path)
+    result = _scenario(HEALTHY, image, tmp_path_factory)
     report = result.report
     why = result.stdout + result.stderr[-3000:] + _per_trial(report)
     assert report is not None and report["unverified"] == [], why
@@ -86,8 +88,8 @@ def _per_trial(report: dict | None) -> str:
 
 @container
 @pytest.mark.parametrize("control", CONTROLS)
-def test_negative_control_fails_naming_its_cause(control, image, tmp_path):
-    result = _scenario(control, image, tmp_path)
+def test_negative_control_fails_naming_its_cause(control, image, tmp_path_factory):
+    result = _scenario(control, image, tmp_path_factory)
     assert result.code == 1, f"{control}: exit {result.code}\n{result.stdout}{result.stderr}"
     assert result.report["verdict"] == "FAIL" and not result.report["valid"]
     assert result.cause_named(), f"{control}: cause not named\n{result.stdout}"
@@ -178,6 +180,8 @@ def test_bare_side_that_cannot_run_is_unverified(image, tmp_path):
     (["--threshold", "1.5"], "is not a ratio"),
     (["--max-trials", "4"], "--max-trials 4 is below --trials 5"),
     (["-N", "1"], "validate needs two"),
+    (["--only", "mpi,speedy"], "--only mpi,speedy: unknown check 'speedy'"),
+    (["--only", "mpi", "--trials", "5"], "--trials with --only mpi: trials are the speed"),
 ])
 def test_usage_errors(args, message, image, tmp_path):
     result = run(["hpcai-launch", "validate", "--container", str(image), "-N", "2", *args],
@@ -185,6 +189,32 @@ def test_usage_errors(args, message, image, tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and "hint: " in result.stderr
     assert not list(tmp_path.iterdir()), "nothing may be run or written"
+
+
+@container
+def test_only_runs_the_named_checks_and_says_what_it_left_out(image, tmp_path):
+    """``--only``: the image's own MPI (``--no-bind-host-mpi``) passes a validate that leaves
+    mpi out, saying so, in one container launch; with mpi named it FAILS as the full
+    validate does (the image-mpi control)."""
+    if missing("image-mpi"):
+        pytest.skip(missing("image-mpi"))
+    base = ["hpcai-launch", "validate", "--container", str(image), "-N", "2",
+            "--no-bind-host-mpi"]
+    left_out = run([*base, "--only", "world,binding", "--json", "left-out.json"],
+                   image_env(), cwd=tmp_path, timeout=300)
+    assert left_out.returncode == 0, left_out.stdout + left_out.stderr[-3000:]
+    assert "OK: 2 ranks, one world, bound as planned; not checked (--only): mpi, fabric, " \
+        "gpu, speed" in left_out.stdout, left_out.stdout
+    report = json.loads((tmp_path / "left-out.json").read_text())
+    assert report["checks"] == ["world", "binding"] and report["valid"], report["checks"]
+    assert report["not_checked"] == ["mpi", "fabric", "gpu", "speed"]
+    assert len(report["container"]) == 1 and report["bare"] == [] and report["sizes"] == []
+    named = run([*base, "--only", "mpi", "--json", "named.json"], image_env(), cwd=tmp_path,
+                timeout=300)
+    assert named.returncode == 1, named.stdout + named.stderr[-3000:]
+    assert re.search(CAUSES["image-mpi"], named.stdout, re.MULTILINE), named.stdout
+    assert "verdict: FAIL (exit 1)" in named.stdout
+    assert json.loads((tmp_path / "named.json").read_text())["checks"] == ["world", "mpi"]
 
 
 # --- the checks, on hand-made records -----------------------------------------------------
@@ -289,6 +319,41 @@ def test_a_size_split_around_the_floor_gets_more_trials(container_us, trials_run
     assert outcome.extended == [f"{size}: {e} trials below the floor"
                                 for e in extended for size in ("64 KiB", "4 MiB")]
     assert all(len(s.container_us) == trials_run for s in outcome.sizes)
+
+
+@pytest.mark.parametrize("checks, sides", [
+    (("world", "binding"), ["container"]),
+    (("world", "mpi"), ["container", "bare"]),
+    (("world", "fabric", "gpu"), ["container", "bare"]),
+])
+def test_without_speed_each_side_runs_once_and_only_the_named_checks_judge(checks, sides):
+    """No trials without speed: one container launch, one bare launch only for what compares
+    with it; rank 1 on rank 0's CPUs FAILS only where binding is named."""
+    asked: list[str] = []
+
+    def run(options, side, out):
+        asked.append(side)
+        return _launch(_record(0), _record(1, local=1, cpus=(0,)))
+
+    outcome = validate.run_trials(None, WANT, 5, 0.8, Path("/nonexistent"), 15, run=run,
+                                  checks=checks)
+    assert asked == sides and outcome.trials_run == 1 and outcome.sizes == []
+    assert outcome.checks == checks
+    if "binding" in checks:
+        assert outcome.verdict[0] == "FAIL", outcome.problems
+        assert outcome.problems[0].startswith("rank 1 on n1 (local rank 1) runs on CPUs 0")
+    else:
+        assert outcome.verdict[0] == "OK", outcome.problems
+
+
+def test_only_names_checks_in_their_order_with_world_and_the_probe_follows():
+    assert validate._checks(None) == validate.CHECKS
+    assert validate._checks("speed, mpi") == ("world", "mpi", "speed")
+    assert validate.probe_args(("world", "mpi")) == ("-m", "hpcai.launcher.probe", "--quiet")
+    assert validate.probe_args() == validate.PROBE
+    for bad in ("", "mpi,,speed", "MPI"):
+        with pytest.raises(validate.UserError):
+            validate._checks(bad)
 
 
 def test_max_trials_equal_to_trials_never_extends():
