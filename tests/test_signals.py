@@ -190,8 +190,8 @@ def test_sigterm_to_a_bare_training_run_checkpoints_within_the_epoch(target, tmp
     out = tmp_path / "run"
     proc = subprocess.Popen(
         ["hpcai-launch", "-N", "2", "--", "train", "3dgan", "--generate", "64", "--epochs",
-         "20", "--max-steps", "8", "--batch-size", "8", "--validate-events", "8",
-         "--eval-samples", "0", "--out", str(out)], env=base_env(),
+         "20", "--max-steps", "2", "--batch-size", "8", "--validate-events", "8",
+         "--eval-samples", "0", "--peak-gflops", "50", "--out", str(out)], env=base_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
         wait_for(lambda: (out / "steps.jsonl").exists() or proc.poll() is not None, 300,
