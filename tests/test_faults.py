@@ -11,7 +11,6 @@ import pickle
 import re
 import signal
 import socket
-import time
 import uuid
 from pathlib import Path
 
@@ -148,7 +147,9 @@ def test_a_rank_stuck_in_the_file_system_names_itself(tmp_path):
 # -- preemption -----------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
-    args = [*TINY, "--samples", "2048", "--epochs", "2", "--lr-decay", "cosine"]
+    # 64 steps an epoch, 3 epochs; the signal goes once epoch 0's steps are on disk (its
+    # end), so it lands mid-run with two epochs (128 steps) still to go, however busy the CPU
+    args = [*TINY, "--samples", "512", "--epochs", "3", "--lr-decay", "cosine"]
     reference = tmp_path / "reference"
     result = train(2, *args, "--out", str(reference))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -158,7 +159,8 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
     try:
         wait_for(lambda: "hpcai-train:" in log.read_text(), 120, "training start")
         pids = both_ranks(tag)
-        time.sleep(1.0)
+        wait_for(lambda: (out / "steps.jsonl").exists() or proc.poll() is not None, 300,
+                 "epoch 0's steps")
         for pid in pids.values():   # what Slurm does: the signal goes to every task
             os.kill(pid, signal.SIGTERM)
         code = proc.wait(timeout=60)
@@ -168,11 +170,12 @@ def test_sigterm_checkpoints_and_resume_continues_the_same_losses(tmp_path):
     text = log.read_text()
     assert code == 75, text[-2000:]
     assert "preempted by signal" in text and "--resume" in text
-    ckpts = list((out / "checkpoints").glob("ckpt-*.pt"))
+    ckpts = [p for p in (out / "checkpoints").glob("ckpt-*.pt")   # epoch 0's end has one
+             if not p.name.endswith("-S000000.pt")]
     assert ckpts, "no checkpoint written on SIGTERM"
     assert not list((out / "checkpoints").glob(".*tmp*")), "temporary file left behind"
     done_before = len(records(out, "steps.jsonl"))
-    assert 0 < done_before < 2 * 256, "signal did not arrive mid-run"
+    assert 0 < done_before < 3 * 64, "signal did not arrive mid-run"
 
     result = train(2, *args, "--out", str(out), "--resume")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -238,8 +241,9 @@ def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp
     if moment == "before MPI starts":
         args, ready = [*TINY, "--samples", "64", "--epochs", "1"], _handler_installed
     else:
-        args = ["3dgan", "--generate", "4000", "--batch-size", "2", "--max-steps", "4",
-                "--epochs", "1", "--peak-gflops", "50", "--eval-samples", "0"]
+        args = ["3dgan", "--generate", "2000", "--batch-size", "2", "--max-steps", "4",
+                "--epochs", "1", "--peak-gflops", "50", "--eval-samples", "0",
+                "--validate-events", "0"]
         ready = lambda pids: wait_for(   # noqa: E731
             lambda: list((out / "data").glob("*.h5")), 120, "data generation")
     code, text, mpi_started = _usr1_when(out, args, tag, ready)
@@ -247,8 +251,8 @@ def test_an_early_preemption_signal_checkpoints_after_the_first_step(moment, tmp
     if moment == "before MPI starts":
         assert not mpi_started, f"ranks {mpi_started} had loaded libmpi already"
     else:
-        # 4,000 training events in 4 files, and the held-out file of its own seed (issue 17)
-        assert len(list((out / "data").glob("*.h5"))) == 5
+        # 2,000 training events in 2 files, and the held-out file of its own seed (issue 17)
+        assert len(list((out / "data").glob("*.h5"))) == 3
     assert f"preempted by signal {int(signal.SIGUSR1)}" in text
     assert [(s["epoch"], s["step"]) for s in records(out, "steps.jsonl")] == [(0, 0)]
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
