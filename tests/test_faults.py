@@ -11,13 +11,14 @@ import pickle
 import re
 import signal
 import socket
+import sys
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import base_env
+from conftest import base_env, run
 from hpcai.core.errors import UserError
 from hpcai.training import checkpoint, watchdog
 from hpcai.training.watchdog import Beat, Watchdog, stalled_rank
@@ -294,6 +295,30 @@ def test_a_stop_draws_the_validations_the_plots_lack(plots, tmp_path):
         png = out / name
         assert png.read_bytes()[:4] == b"\x89PNG"
         assert png.stat().st_mtime_ns >= (out / "physics.json").stat().st_mtime_ns
+
+
+def test_a_plot_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path):
+    """A regular drawing of the physics plots that fails (a directory where a PNG goes)
+    warns, names ``hpcai-launch report``, and the run finishes (exit 0) with its records,
+    physics.json and checkpoint; that report then draws the plots, as the warning says.
+    The drawable case of the test above is the control: no warning there."""
+    out = tmp_path / "run"
+    (out / "physics-profiles.png").mkdir(parents=True)
+    result = run([sys.executable, "-m", "hpcai.training", "3dgan", "--generate", "24",
+                  "--batch-size", "2", "--max-steps", "1", "--epochs", "1",
+                  "--validate-events", "8", "--eval-samples", "0", "--peak-gflops", "50",
+                  "--cell-scale", "100", "--out", str(out)], base_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("warning: the physics plots could not be drawn after epoch 0 (IsADirectoryError"
+            in result.stdout), result.stdout[-3000:]
+    assert f"hpcai-launch report {out} draws them" in result.stdout
+    assert len(records(out)) == 1 and list((out / "checkpoints").glob("ckpt-*.pt"))
+    assert [v["epoch"] for v in json.loads((out / "physics.json").read_text())["validations"]
+            ] == [0]
+    (out / "physics-profiles.png").rmdir()
+    drawn = run(["hpcai-launch", "report", str(out)], base_env(), timeout=300)
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    assert (out / "physics-profiles.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.mpi

@@ -454,10 +454,9 @@ class Trainer(ABC):
             watch.enter("physics validation")   # collective: every rank its share
             validations = self.validator.run(self.task, epoch)
             if validations is not None:   # rank 0
-                draw = self.plots.due(last=epoch == cfg.epochs - 1)
-                record_physics(cfg.out_dir, validations, self.validator.held_out, draw=draw)
-                if draw:
-                    self.plots.drawn()
+                record_physics(cfg.out_dir, validations, self.validator.held_out, draw=False)
+                if self.plots.due(last=epoch == cfg.epochs - 1):
+                    self._draw_plots(f"after epoch {epoch}")
                 physics_summary = validations[0].summary()
                 physics_words = worst_bin(validations[0])
         watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
@@ -512,21 +511,27 @@ class Trainer(ABC):
         return {"samples": count, **{k: round(v, 5) for k, v in metrics.items()}}
 
     def _catch_up_plots(self) -> None:
-        """Rank 0, when a preemption stops the run: draw the validations the plots lack. A
-        drawing that fails is reported and the run still exits as preempted (its checkpoint
-        is written; ``hpcai-launch report`` redraws the plots from physics.json)."""
+        """Rank 0, when a preemption stops the run: draw the validations the plots lack."""
         if self.rank == 0 and self.plots.behind:
             self.watch.enter("physics plots")
-            try:
-                redraw(self.cfg.out_dir)
-            except Exception as exc:   # noqa: BLE001 - the checkpoint is safe; say, go on
-                print(f"hpcai-train: warning: the physics plots could not be drawn at the "
-                      f"stop ({type(exc).__name__}: {exc}); hpcai-launch report "
-                      f"{self.cfg.out_dir} draws them", flush=True)
-                return
-            self.plots.drawn()
-            print(f"hpcai-train: physics plots drawn at the stop: {self.cfg.out_dir}",
-                  flush=True)
+            if self._draw_plots("at the stop"):
+                print(f"hpcai-train: physics plots drawn at the stop: {self.cfg.out_dir}",
+                      flush=True)
+
+    def _draw_plots(self, when: str) -> bool:
+        """Rank 0: draw the plots of physics.json. A drawing that fails (a file that cannot
+        be written, say) is reported and training goes on: physics.json and the checkpoints
+        hold everything, ``hpcai-launch report`` redraws the plots, and the next due
+        drawing tries again."""
+        try:
+            redraw(self.cfg.out_dir)
+        except Exception as exc:   # noqa: BLE001 - the plots are a view; say, go on
+            print(f"hpcai-train: warning: the physics plots could not be drawn {when} "
+                  f"({type(exc).__name__}: {exc}); hpcai-launch report {self.cfg.out_dir} "
+                  "draws them", flush=True)
+            return False
+        self.plots.drawn()
+        return True
 
     def _maybe_inject_fault(self) -> None:
         """``HPCAI_INJECT_FAULT=RANK:STEP`` raises on that rank after that global step, so

@@ -71,10 +71,10 @@ class PlotClock:
         self.behind = behind
 
     def due(self, last: bool) -> bool:
-        """Whether to draw after this validation (``last``: the run's last one)."""
-        due = last or self.clock() - self.last >= self.every_s
-        self.behind = not due
-        return due
+        """Whether to draw after this validation (``last``: the run's last one). The plots
+        lack it (``behind``) until :meth:`drawn`: a drawing that fails leaves them behind."""
+        self.behind = True
+        return last or self.clock() - self.last >= self.every_s
 
     def drawn(self) -> None:
         self.last, self.behind = self.clock(), False
