@@ -321,7 +321,7 @@ def test_startup_node_with_another_cpu_count_plans_by_itself(tmp_path, cpus):
         assert not wrapper & {"dataclasses", "inspect", "tomllib", "hpcai.launcher.job.site"}
 
 
-RANK_MODULES = {"hpcai", "hpcai.core", "hpcai.core.errors", "hpcai.launcher",
+RANK_MODULES = {"hpcai", "hpcai.core", "hpcai.core.errors", "hpcai.core.paths", "hpcai.launcher",
                 "hpcai.launcher.cli", "hpcai.launcher.job", "hpcai.launcher.job.jobplan",
                 "hpcai.launcher.job.rankenv", "hpcai.launcher.run", "hpcai.launcher.run.execute",
                 "hpcai.launcher.run.child",
