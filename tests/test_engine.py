@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,54 +16,94 @@ pytestmark = pytest.mark.mpi
 PROGRAMS = Path(__file__).parent / "programs"
 
 
-def _updates(ranks: int, model: str, out: Path, *extra: str) -> dict[str, np.ndarray]:
-    """The weight update of every parameter over the 3 steps of dp_equivalence.py."""
-    result = run(["hpcai-launch", "-N", str(ranks), "--oversubscribe", "--", "python",
-                  str(PROGRAMS / "dp_equivalence.py"), model, str(out), *extra],
-                 base_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dp_updates.updates(out)
+VARIANTS = [("mlp", ()), ("mlp", ("--blocking",)), ("mlp", ("--progress", "nonblocking")),
+            ("mlp", ("--progress", "hook", "--loss-divided")),
+            ("mlp", ("--blocking", "--loss-divided")),
+            ("gan-d", ()), ("gan-d", ("--loss-divided",)), ("gan-g", ())]
 
 
-@pytest.mark.parametrize("model,extra", [
-    ("mlp", ()), ("mlp", ("--blocking",)), ("mlp", ("--progress", "nonblocking")),
-    ("mlp", ("--progress", "hook", "--loss-divided")), ("mlp", ("--blocking", "--loss-divided")),
-    ("gan-d", ()), ("gan-d", ("--loss-divided",)), ("gan-g", ())])
-def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, tmp_path):
+def _job(ranks: int, runs: list[list[str]], folder: Path):
+    """One hpcai-launch job of dp_equivalence.py that runs every variant of ``runs`` in turn
+    (one start-up of the ranks for all of them)."""
+    spec = folder / f"runs-{ranks}.json"
+    spec.write_text(json.dumps(runs))
+    return run(["hpcai-launch", "-N", str(ranks), "--oversubscribe", "--", "python",
+                str(PROGRAMS / "dp_equivalence.py"), "--each", str(spec)],
+               base_env(), timeout=300 + 60 * len(runs))
+
+
+@pytest.fixture(scope="module")
+def dp_runs(tmp_path_factory) -> tuple[Path, dict[int, object]]:
+    """The 3 steps of dp_equivalence.py for every variant: all the 1-rank references in one
+    job, and all the 2-rank runs with the controls (2 ranks, no averaging; one per model run
+    without flags) in another. The files: ``one-I.npz``, ``two-I.npz``, ``alone-I.npz`` for
+    variant I."""
+    folder = tmp_path_factory.mktemp("dp")
+    one = [[model, str(folder / f"one-{i}.npz"), *extra]
+           for i, (model, extra) in enumerate(VARIANTS)]
+    two = [[model, str(folder / f"two-{i}.npz"), *extra]
+           for i, (model, extra) in enumerate(VARIANTS)]
+    two += [[model, str(folder / f"alone-{i}.npz"), "--no-average"]
+            for i, (model, extra) in enumerate(VARIANTS) if not extra]
+    return folder, {1: _job(1, one, folder), 2: _job(2, two, folder)}
+
+
+def _updates(dp_runs, ranks: int, name: str) -> dict[str, np.ndarray]:
+    """The weight update of every parameter over the 3 steps, from the shared jobs' files."""
+    folder, jobs = dp_runs
+    result = jobs[ranks]
+    assert result.returncode == 0, f"the {ranks}-rank job: {result.stderr[-3000:]}"
+    return dp_updates.updates(folder / name)
+
+
+@pytest.mark.parametrize("model,extra", VARIANTS)
+def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, dp_runs):
     """3 SGD steps: the update of every parameter with 2 ranks x b equals that with
     1 rank x 2b; the control, 2 ranks without averaging, must fail the same comparison."""
-    single = _updates(1, model, tmp_path / "one.npz", *extra)
+    i = VARIANTS.index((model, extra))
+    what = " ".join([model, *extra])
+    single = _updates(dp_runs, 1, f"one-{i}.npz")
     still = [name for name, u in single.items() if not np.any(u)]
-    assert not still, f"{model}: parameters that did not move compare nothing: {still}"
-    name, rel = dp_updates.worst(single, _updates(2, model, tmp_path / "two.npz", *extra))
-    assert rel <= TOL[model], f"{model} {name}: update differs by {rel:.3g} (relative)"
+    assert not still, f"{what}: parameters that did not move compare nothing: {still}"
+    name, rel = dp_updates.worst(single, _updates(dp_runs, 2, f"two-{i}.npz"))
+    assert rel <= TOL[model], f"{what} {name}: update differs by {rel:.3g} (relative)"
     if not extra:
-        alone = _updates(2, model, tmp_path / "alone.npz", "--no-average")
+        alone = _updates(dp_runs, 2, f"alone-{i}.npz")
         name, rel = dp_updates.worst(single, alone)
-        assert rel > TOL[model], f"the control should fail the comparison, got {rel:.3g}"
+        assert rel > TOL[model], f"{what}: the control should fail the comparison, got {rel:.3g}"
         assert dp_updates.total(single, alone) > 0.1, \
-            "the control should be far off, not marginally"
+            f"{what}: the control should be far off, not marginally"
+
+
+@pytest.fixture(scope="module")
+def grad_scale_job():
+    """grad_scale.py with each control (none, twice, never) in one 2-rank job."""
+    return run(["hpcai-launch", "-N", "2", "--oversubscribe", "--", "python",
+                str(PROGRAMS / "grad_scale.py"), "--each-control"], base_env(), timeout=300)
 
 
 @pytest.mark.parametrize("control", [None, "twice", "never"])
-def test_gradients_are_scaled_exactly_once(control):
+def test_gradients_are_scaled_exactly_once(control, grad_scale_job):
     """2 ranks with gradients known in closed form: after synchronize() every gradient is the
     mean, in every mode (overlap with each progress strategy, blocking; the loss divided by
     the engine or the gradients; zeroed or set to None). The controls, gradients scaled twice
     and not at all, must fail every case."""
-    result = run(["hpcai-launch", "-N", "2", "--oversubscribe", "--", "python",
-                  str(PROGRAMS / "grad_scale.py"), *(["--control", control] if control else [])],
-                 base_env(), timeout=300)
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
-    assert lines, result.stderr[-3000:]
+    result = grad_scale_job
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    prefix = f"{control or 'none'}: "
+    mine = [line[len(prefix):] for line in result.stdout.splitlines()
+            if line.startswith(prefix)]
+    lines = [line for line in mine if line.startswith(("ok", "FAIL"))]
+    exits = [line for line in mine if line.startswith("exit ")]
+    assert lines and len(exits) == 1, result.stdout + result.stderr[-3000:]
     if control is None:
-        assert result.returncode == 0 and len(lines) == 12, result.stdout + result.stderr[-2000:]
+        assert exits == ["exit 0"] and len(lines) == 12, result.stdout
         assert all(line.startswith("ok") for line in lines), result.stdout
     else:
         factor = {"twice": "factor 0.5", "never": "factor 2"}[control]
-        assert result.returncode != 0
+        assert exits == ["exit 1"], result.stdout
         assert all(line.startswith("FAIL") and line.endswith(factor) for line in lines), \
-            result.stdout
+            f"{control}: {result.stdout}"
 
 
 def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(tmp_path):

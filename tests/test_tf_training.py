@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,10 +29,20 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
 
 
-def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tmp_path):
-    tf_out, torch_out = tmp_path / "tf", tmp_path / "torch"
-    result = train(2, *GAN, "--framework", "tensorflow", "--epochs", "2", "--max-steps", "2",
-                   "--verify-every", "1", "--out", str(tf_out))
+TF_GAN = [*GAN, "--framework", "tensorflow", "--max-steps", "2", "--verify-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def tf_gan_run(tmp_path_factory):
+    """A 2-rank TensorFlow 3DGAN run of 2 epochs (its output folder and its result): read by
+    the records test, and copied and resumed by the resume test."""
+    out = tmp_path_factory.mktemp("tf-gan") / "run"
+    return out, train(2, *TF_GAN, "--epochs", "2", "--out", str(out))
+
+
+def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tf_gan_run, tmp_path):
+    tf_out, result = tf_gan_run
+    torch_out = tmp_path / "torch"
     assert result.returncode == 0, result.stderr[-3000:]
     assert "3dgan (tensorflow) on 2 rank(s)" in result.stdout
     reference = train(2, *GAN, "--epochs", "1", "--max-steps", "1", "--out", str(torch_out))
@@ -61,18 +72,18 @@ def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tmp_path):
     assert ckpts == ["ckpt-E0001-S000000.pt", "ckpt-E0002-S000000.pt"]
 
 
-def test_keras_resume_continues_from_the_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    first = train(2, *GAN, "--framework", "tensorflow", "--epochs", "1", "--max-steps", "1",
-                  "--eval-samples", "0", "--out", str(out))
+def test_keras_resume_continues_from_the_checkpoint(tf_gan_run, tmp_path):
+    """A copy of the shared 2-epoch run, resumed for a third epoch."""
+    shared, first = tf_gan_run
     assert first.returncode == 0, first.stderr[-3000:]
-    again = train(2, *GAN, "--framework", "tensorflow", "--epochs", "2", "--max-steps", "1",
-                  "--eval-samples", "0", "--resume", "--out", str(out))
+    out = tmp_path / "run"
+    shutil.copytree(shared, out)
+    again = train(2, *TF_GAN, "--epochs", "3", "--resume", "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "at epoch 1 step 0" in again.stdout
-    assert [r["epoch"] for r in records(out)] == [0, 1]
+    assert "resumed from" in again.stdout and "at epoch 2 step 0" in again.stdout
+    assert [r["epoch"] for r in records(out)] == [0, 1, 2]
     # a PyTorch run refuses the TensorFlow checkpoint
-    wrong = train(2, *GAN, "--epochs", "3", "--max-steps", "1", "--resume", "--out", str(out))
+    wrong = train(2, *GAN, "--epochs", "4", "--max-steps", "1", "--resume", "--out", str(out))
     assert wrong.returncode == 2 and "written by tensorflow" in wrong.stderr
     assert "hint:" in wrong.stderr
 
@@ -99,16 +110,41 @@ def _updates(path: Path) -> np.ndarray:
                            for k in names])
 
 
-def _keras_d_run(ranks: int, out: Path, *extra: str) -> np.ndarray:
-    result = run(["hpcai-launch", "-N", str(ranks), "--", sys.executable,
-                  str(PROGRAMS / "keras_dp_equivalence.py"), str(out), *extra],
-                 base_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return _updates(out)
+KERAS_D_VARIANTS = [(), ("--blocking",), ("--channels-first",)]
 
 
-@pytest.mark.parametrize("extra", [(), ("--blocking",), ("--channels-first",)])
-def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra, tmp_path):
+def _keras_d_job(ranks: int, runs: list[list[str]], folder: Path):
+    """One hpcai-launch job of keras_dp_equivalence.py running every variant of ``runs`` in
+    turn (one TensorFlow import per rank for all of them)."""
+    spec = folder / f"runs-{ranks}.json"
+    spec.write_text(json.dumps(runs))
+    return run(["hpcai-launch", "-N", str(ranks), "--", sys.executable,
+                str(PROGRAMS / "keras_dp_equivalence.py"), "--each", str(spec)],
+               base_env(), timeout=300 + 60 * len(runs))
+
+
+@pytest.fixture(scope="module")
+def keras_d_runs(tmp_path_factory) -> tuple[Path, dict[int, object]]:
+    """The 3 steps of keras_dp_equivalence.py for every variant: the 1-rank references in one
+    job; the 2-rank runs and the control (2 ranks without averaging) in another. The files:
+    ``one-I.npz``, ``two-I.npz`` for variant I, and ``alone.npz``."""
+    folder = tmp_path_factory.mktemp("keras-d")
+    one = [[str(folder / f"one-{i}.npz"), *extra] for i, extra in enumerate(KERAS_D_VARIANTS)]
+    two = [[str(folder / f"two-{i}.npz"), *extra] for i, extra in enumerate(KERAS_D_VARIANTS)]
+    two.append([str(folder / "alone.npz"), "--no-average"])
+    return folder, {1: _keras_d_job(1, one, folder), 2: _keras_d_job(2, two, folder)}
+
+
+def _keras_d_run(keras_d_runs, ranks: int, name: str) -> np.ndarray:
+    folder, jobs = keras_d_runs
+    result = jobs[ranks]
+    assert result.returncode == 0, f"the {ranks}-rank job: {result.stderr[-3000:]}"
+    return _updates(folder / name)
+
+
+@pytest.mark.parametrize("extra", KERAS_D_VARIANTS)
+def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra,
+                                                                            keras_d_runs):
     """3 SGD steps of the Keras D; compared: the weight updates of all variables together.
 
     Tolerance: |update(2 x b) - update(1 x 2b)| <= 1e-2 |update(1 x 2b)|. TensorFlow's CPU
@@ -118,14 +154,16 @@ def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra
     (TF has no float64 AvgPool3D on the CPU). The control - the same 2-rank run without
     averaging - is off by about 0.5, far outside.
     """
-    one = _keras_d_run(1, tmp_path / "one.npz", *extra)
-    two = _keras_d_run(2, tmp_path / "two.npz", *extra)
+    i = KERAS_D_VARIANTS.index(extra)
+    what = " ".join(extra) or "overlap, channels-last"
+    one = _keras_d_run(keras_d_runs, 1, f"one-{i}.npz")
+    two = _keras_d_run(keras_d_runs, 2, f"two-{i}.npz")
     rel = np.linalg.norm(two - one) / np.linalg.norm(one)
-    assert rel <= 1e-2, f"updates differ by {rel:.3g} (relative)"
+    assert rel <= 1e-2, f"{what}: updates differ by {rel:.3g} (relative)"
     if not extra:
-        alone = _keras_d_run(2, tmp_path / "alone.npz", "--no-average")
+        alone = _keras_d_run(keras_d_runs, 2, "alone.npz")
         control = np.linalg.norm(alone - one) / np.linalg.norm(one)
-        assert control > 0.1, f"the control should fail the comparison, got {control:.3g}"
+        assert control > 0.1, f"{what}: the control should fail the comparison, got {control:.3g}"
 
 
 def _blocking(tmp_path: Path, *modules: str) -> dict:

@@ -26,11 +26,18 @@ in full fp32 (TF32 off).
 family's); ``--loss-divided`` runs backward through ``GradAllreducer.backward`` (the loss
 divided by the world size instead of the gradients).
 
+``--each RUNS.json`` runs several such variants one after the other in this one MPI job
+(the suite's way of paying for one start-up instead of one per variant): RUNS.json is a list
+of argument lists, each ``[MODEL, OUT.npz, flags...]``. Every variant starts from the same
+seeds as a process of its own would.
+
 usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average] [--device cuda]
                          [--progress hook|nonblocking] [--loss-divided]
+       dp_equivalence.py --each RUNS.json
        MODEL: mlp | gan-d | gan-g
 """
 
+import json
 import sys
 
 import numpy as np
@@ -42,23 +49,13 @@ from hpcai.models.gan3d_spec import LATENT, weighted_loss
 from hpcai.training.allreduce import GradAllreducer, MpiTransport
 from hpcai.training.torch_trainer import broadcast_state, rank_device
 
-GLOBAL = 4 if sys.argv[1] == "mlp" else 2
 LR = {"mlp": 0.01, "gan-d": 1e-3, "gan-g": 1e-6}
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
-model_name, out = sys.argv[1], sys.argv[2]
-overlap = "--blocking" not in sys.argv
-average = "--no-average" not in sys.argv
-progress = sys.argv[sys.argv.index("--progress") + 1] if "--progress" in sys.argv else None
-loss_divided = "--loss-divided" in sys.argv
-device = rank_device(sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv
-                     else "cpu")
 # full fp32 on a GPU, as on the CPU: cuDNN's default TF32 convolutions alone moved the
 # discriminator's 2-rank update by 3.5e-4 (relative) on an H200, beyond the tolerance
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
-torch.manual_seed(0)
-data = torch.Generator().manual_seed(42)
 
 
 def no_dropout_eval_bn(module):
@@ -69,65 +66,86 @@ def no_dropout_eval_bn(module):
             m.eval()
 
 
-if model_name == "mlp":
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
-    batches = [(torch.randn(GLOBAL, 16, generator=data), torch.randn(GLOBAL, 3, generator=data))
-               for _ in range(3)]
+def variant(argv: list[str]) -> None:
+    """3 steps of one variant (``MODEL OUT.npz [flags...]``); rank 0 saves the parameters."""
+    model_name, out = argv[0], argv[1]
+    overlap = "--blocking" not in argv
+    average = "--no-average" not in argv
+    progress = argv[argv.index("--progress") + 1] if "--progress" in argv else None
+    loss_divided = "--loss-divided" in argv
+    device = rank_device(argv[argv.index("--device") + 1] if "--device" in argv else "cpu")
+    GLOBAL = 4 if model_name == "mlp" else 2
+    torch.manual_seed(0)
+    data = torch.Generator().manual_seed(42)
+    if model_name == "mlp":
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 3))
+        batches = [(torch.randn(GLOBAL, 16, generator=data),
+                    torch.randn(GLOBAL, 3, generator=data)) for _ in range(3)]
 
-    def loss_fn(x, y):
-        return torch.nn.functional.mse_loss(model(x), y)
-elif model_name == "gan-d":
-    model = gan3d.Discriminator(rng=torch.Generator().manual_seed(1))
-    batches = [(torch.rand(GLOBAL, 1, 25, 25, 25, generator=data) * 0.01,
-                torch.rand(GLOBAL, generator=data) * 4.9 + 0.1) for _ in range(3)]
+        def loss_fn(x, y):
+            return torch.nn.functional.mse_loss(model(x), y)
+    elif model_name == "gan-d":
+        model = gan3d.Discriminator(rng=torch.Generator().manual_seed(1))
+        batches = [(torch.rand(GLOBAL, 1, 25, 25, 25, generator=data) * 0.01,
+                    torch.rand(GLOBAL, generator=data) * 4.9 + 0.1) for _ in range(3)]
 
-    def loss_fn(x, e):  # the real-batch objective, labels without bit flip
-        fake, aux, ecal = model(x)
-        parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e.view(-1, 1), aux),
-                 gan3d.mape(x.sum(dim=(1, 2, 3, 4)).view(-1, 1), ecal))
-        return weighted_loss(parts)
-else:
-    model = gan3d.Generator(rng=torch.Generator().manual_seed(1))
-    critic = gan3d.Discriminator(rng=torch.Generator().manual_seed(2))
-    no_dropout_eval_bn(critic)
-    critic.requires_grad_(False)
-    model.double()
-    critic.double()
-    batches = []
-    for _ in range(3):
-        e = torch.rand(GLOBAL, generator=data, dtype=torch.float64) * 4.9 + 0.1
-        z = torch.randn(GLOBAL, LATENT, generator=data, dtype=torch.float64)
-        batches.append((e.view(-1, 1) * z, e))
-
-    def loss_fn(latent, e):  # the generator objective with D frozen
-        fake, aux, ecal = critic(model(latent))
-        e = e.view(-1, 1)
-        parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e, aux),
-                 gan3d.mape(gan3d.sampling_fraction(e), ecal))
-        return weighted_loss(parts)
-
-if model_name == "gan-g":
-    critic.to(device)
-model.to(device)
-batches = [(x.to(device), y.to(device)) for x, y in batches]
-no_dropout_eval_bn(model)
-broadcast_state([model], comm)
-initial = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
-reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap,
-                         progress=progress) if average else None
-opt = torch.optim.SGD(model.parameters(), lr=LR[model_name], momentum=0.9)
-per_rank = GLOBAL // world
-for x, y in batches:
-    lo, hi = rank * per_rank, (rank + 1) * per_rank
-    opt.zero_grad(set_to_none=True)
-    loss = loss_fn(x[lo:hi], y[lo:hi])
-    if loss_divided and reducer is not None:
-        reducer.backward(loss)
+        def loss_fn(x, e):  # the real-batch objective, labels without bit flip
+            fake, aux, ecal = model(x)
+            parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e.view(-1, 1), aux),
+                     gan3d.mape(x.sum(dim=(1, 2, 3, 4)).view(-1, 1), ecal))
+            return weighted_loss(parts)
     else:
-        loss.backward()
+        model = gan3d.Generator(rng=torch.Generator().manual_seed(1))
+        critic = gan3d.Discriminator(rng=torch.Generator().manual_seed(2))
+        no_dropout_eval_bn(critic)
+        critic.requires_grad_(False)
+        model.double()
+        critic.double()
+        batches = []
+        for _ in range(3):
+            e = torch.rand(GLOBAL, generator=data, dtype=torch.float64) * 4.9 + 0.1
+            z = torch.randn(GLOBAL, LATENT, generator=data, dtype=torch.float64)
+            batches.append((e.view(-1, 1) * z, e))
+
+        def loss_fn(latent, e):  # the generator objective with D frozen
+            fake, aux, ecal = critic(model(latent))
+            e = e.view(-1, 1)
+            parts = (gan3d.bce(fake, torch.ones_like(fake)), gan3d.mape(e, aux),
+                     gan3d.mape(gan3d.sampling_fraction(e), ecal))
+            return weighted_loss(parts)
+
+    if model_name == "gan-g":
+        critic.to(device)
+    model.to(device)
+    batches = [(x.to(device), y.to(device)) for x, y in batches]
+    no_dropout_eval_bn(model)
+    broadcast_state([model], comm)
+    initial = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
+    reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap,
+                             progress=progress) if average else None
+    opt = torch.optim.SGD(model.parameters(), lr=LR[model_name], momentum=0.9)
+    per_rank = GLOBAL // world
+    for x, y in batches:
+        lo, hi = rank * per_rank, (rank + 1) * per_rank
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(x[lo:hi], y[lo:hi])
+        if loss_divided and reducer is not None:
+            reducer.backward(loss)
+        else:
+            loss.backward()
+        if reducer is not None:
+            reducer.synchronize()
+        opt.step()
     if reducer is not None:
-        reducer.synchronize()
-    opt.step()
-if rank == 0:
-    np.savez(out, **{name: p.detach().cpu().numpy() for name, p in model.named_parameters()},
-             **{f"init.{name}": a for name, a in initial.items()})
+        reducer.close()
+    if rank == 0:
+        np.savez(out, **{name: p.detach().cpu().numpy() for name, p in model.named_parameters()},
+                 **{f"init.{name}": a for name, a in initial.items()})
+
+
+if sys.argv[1] == "--each":
+    for argv in json.loads(open(sys.argv[2]).read()):
+        variant(argv)
+else:
+    variant(sys.argv[1:])

@@ -11,7 +11,11 @@ per case, ``ok`` or ``FAIL`` with the factor found, and exits 1 if any failed.
 ``--control never``: the engine is told the loss was divided when it was not (scaled not at
 all). Both must print FAIL.
 
-usage: grad_scale.py [--control twice|never]
+``--each-control`` runs the three (none, ``twice``, ``never``) one after the other in this one
+MPI job, each line prefixed with ``CONTROL: ``, and ends each with ``CONTROL: exit N``, N the
+status a job of that control alone would exit with; the job itself then exits 0.
+
+usage: grad_scale.py [--control twice|never | --each-control]
 """
 
 import sys
@@ -24,11 +28,11 @@ from hpcai.training.allreduce import GradAllreducer, MpiTransport
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
-control = sys.argv[sys.argv.index("--control") + 1] if "--control" in sys.argv else None
 K = 1000
 
 
-def step(overlap: bool, progress: str, divided: bool, set_to_none: bool) -> float:
+def step(control: str | None, overlap: bool, progress: str, divided: bool,
+         set_to_none: bool) -> float:
     """One step; the factor by which the gradients differ from the mean (1.0 when right)."""
     params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(n)) for n in (K, 3 * K, 7)])
     reducer = GradAllreducer(params, MpiTransport(comm), bucket_mb=4 * (3 * K + 7) / 2**20,
@@ -64,14 +68,27 @@ def step(overlap: bool, progress: str, divided: bool, set_to_none: bool) -> floa
     return float((got / want).median()) if not torch.equal(got, want) else 1.0
 
 
-failed = 0
-for overlap, progress in ((True, "hook"), (True, "nonblocking"), (False, "hook")):
-    for divided in (False, True):
-        for set_to_none in (False, True):
-            factor = step(overlap, progress, divided, set_to_none)
-            case = (f"overlap={overlap} progress={progress} loss_divided={divided} "
-                    f"set_to_none={set_to_none}")
-            if rank == 0:
-                print(f"{'ok' if factor == 1.0 else 'FAIL'} {case} factor {factor:g}", flush=True)
-            failed += factor != 1.0
-sys.exit(1 if failed else 0)
+def cases(control: str | None, prefix: str) -> int:
+    """Every case with ``control``; prints a line per case (rank 0); how many failed."""
+    failed = 0
+    for overlap, progress in ((True, "hook"), (True, "nonblocking"), (False, "hook")):
+        for divided in (False, True):
+            for set_to_none in (False, True):
+                factor = step(control, overlap, progress, divided, set_to_none)
+                case = (f"overlap={overlap} progress={progress} loss_divided={divided} "
+                        f"set_to_none={set_to_none}")
+                if rank == 0:
+                    print(f"{prefix}{'ok' if factor == 1.0 else 'FAIL'} {case} "
+                          f"factor {factor:g}", flush=True)
+                failed += factor != 1.0
+    return failed
+
+
+if "--each-control" in sys.argv:
+    for control in (None, "twice", "never"):
+        status = 1 if cases(control, f"{control or 'none'}: ") else 0
+        if rank == 0:
+            print(f"{control or 'none'}: exit {status}", flush=True)
+    sys.exit(0)
+control = sys.argv[sys.argv.index("--control") + 1] if "--control" in sys.argv else None
+sys.exit(1 if cases(control, "") else 0)

@@ -18,9 +18,16 @@ Saved: the initial and final variables, so that the test can compare the updates
 ``--no-average`` skips the allreduce (each rank steps on its own half batch): the control that
 shows the comparison can fail.
 
+``--each RUNS.json`` runs several such variants one after the other in this one MPI job (one
+TensorFlow import and MPI start-up for all): RUNS.json is a list of argument lists, each
+``[OUT.npz, flags...]``. Each variant starts from a cleared Keras session and the same seeds,
+as a process of its own would.
+
 usage: keras_dp_equivalence.py OUT.npz [--blocking] [--channels-first] [--no-average]
+       keras_dp_equivalence.py --each RUNS.json
 """
 
+import json
 import os
 import sys
 
@@ -39,30 +46,42 @@ from hpcai.training.tf_allreduce import TfGradAllreducer  # noqa: E402
 GLOBAL = 2
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
-out = sys.argv[1]
-df = "channels_first" if "--channels-first" in sys.argv else "channels_last"
-keras.utils.set_random_seed(1)
-D = gk.build_discriminator(data_format=df)
-opt = keras.optimizers.SGD(learning_rate=1e-3)
-reducer = TfGradAllreducer(D.trainable_variables, comm, bucket_mb=0.05,
-                           overlap="--blocking" not in sys.argv)
-data = np.random.default_rng(42)
-b = GLOBAL // world
-initial = {v.path.replace("/", "."): v.numpy() for v in D.trainable_variables}
-for _ in range(3):
-    x = (data.random((GLOBAL, *gk.image_shape(df))) * 0.01).astype(np.float32)
-    e = (data.random((GLOBAL, 1)) * 4.9 + 0.1).astype(np.float32)
-    x, e = x[rank * b:(rank + 1) * b], e[rank * b:(rank + 1) * b]
-    with tf.GradientTape() as tape:
-        fake, aux, ecal = D(x, training=False)
-        parts = (_bce(fake, tf.ones_like(fake)), _mape(e, aux),
-                 _mape(x.reshape(b, -1).sum(axis=1, keepdims=True), ecal))
-        loss = weighted_loss(parts)
-    grads = tape.gradient(loss, D.trainable_variables)
-    if "--no-average" not in sys.argv:
-        grads = reducer.average(grads)
-    opt.apply_gradients(zip(grads, D.trainable_variables))
-assert len(reducer.buckets) > 1 or world == 1, "test should exercise several buckets"
-if rank == 0:
-    np.savez(out, **{v.path.replace("/", "."): v.numpy() for v in D.trainable_variables},
-             **{f"init.{k}": a for k, a in initial.items()})
+
+
+def variant(argv: list[str]) -> None:
+    """3 steps of one variant (``OUT.npz [flags...]``); rank 0 saves the variables."""
+    out = argv[0]
+    df = "channels_first" if "--channels-first" in argv else "channels_last"
+    keras.backend.clear_session()   # layer names (the saved keys) as in a fresh process
+    keras.utils.set_random_seed(1)
+    D = gk.build_discriminator(data_format=df)
+    opt = keras.optimizers.SGD(learning_rate=1e-3)
+    reducer = TfGradAllreducer(D.trainable_variables, comm, bucket_mb=0.05,
+                               overlap="--blocking" not in argv)
+    data = np.random.default_rng(42)
+    b = GLOBAL // world
+    initial = {v.path.replace("/", "."): v.numpy() for v in D.trainable_variables}
+    for _ in range(3):
+        x = (data.random((GLOBAL, *gk.image_shape(df))) * 0.01).astype(np.float32)
+        e = (data.random((GLOBAL, 1)) * 4.9 + 0.1).astype(np.float32)
+        x, e = x[rank * b:(rank + 1) * b], e[rank * b:(rank + 1) * b]
+        with tf.GradientTape() as tape:
+            fake, aux, ecal = D(x, training=False)
+            parts = (_bce(fake, tf.ones_like(fake)), _mape(e, aux),
+                     _mape(x.reshape(b, -1).sum(axis=1, keepdims=True), ecal))
+            loss = weighted_loss(parts)
+        grads = tape.gradient(loss, D.trainable_variables)
+        if "--no-average" not in argv:
+            grads = reducer.average(grads)
+        opt.apply_gradients(zip(grads, D.trainable_variables))
+    assert len(reducer.buckets) > 1 or world == 1, "test should exercise several buckets"
+    if rank == 0:
+        np.savez(out, **{v.path.replace("/", "."): v.numpy() for v in D.trainable_variables},
+                 **{f"init.{k}": a for k, a in initial.items()})
+
+
+if sys.argv[1] == "--each":
+    for argv in json.loads(open(sys.argv[2]).read()):
+        variant(argv)
+else:
+    variant(sys.argv[1:])
