@@ -101,6 +101,16 @@ def test_the_first_average_is_the_first_weights_and_the_state_round_trips():
         WeightAverage(net, 0.9, lambda: []).load_state_dict(average.state_dict())
 
 
+@pytest.fixture
+def one_thread():
+    """The tasks trained in this process use one torch thread (the count restored after):
+    tiny batches gain nothing from a second, whose spinning costs CPU on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _gan(decay: float | None, *extra: str) -> GanTask:
     args = ["3dgan", "--generate", "8", "--recipe", "cern2019", "--cell-scale", "100", *extra]
     if decay is not None:
@@ -132,7 +142,7 @@ def _measured_by_hand(task: GanTask) -> np.ndarray:
         return G.eval()(torch.from_numpy(E).view(-1, 1) * torch.from_numpy(Z)).numpy() / 100
 
 
-def test_physics_pass_judges_the_average_beside_the_raw_generator():
+def test_physics_pass_judges_the_average_beside_the_raw_generator(one_thread):
     """After 2 steps the average's showers differ from those of the raw generator with its
     statistics measured the same way; with a decay so small that the average is the last
     weights they coincide (the control)."""
@@ -231,7 +241,7 @@ def test_resume_refuses_to_invent_an_average(moving_run):
     assert _files(out) == before, "the refused resume wrote to the run"
 
 
-def test_standing_judges_a_copy_measured_for_the_current_weights():
+def test_standing_judges_a_copy_measured_for_the_current_weights(one_thread):
     """With --validate-bn standing the trained generator is judged with statistics measured
     for its weights (the same showers as measuring a copy by hand), not with its moving ones
     (the control, "raw" of a plain task with the same weights, differs); G's own statistics
