@@ -101,6 +101,16 @@ def test_the_first_average_is_the_first_weights_and_the_state_round_trips():
         WeightAverage(net, 0.9, lambda: []).load_state_dict(average.state_dict())
 
 
+@pytest.fixture
+def one_thread():
+    """The tasks trained in this process use one torch thread (the count restored after):
+    tiny batches gain nothing from a second, whose spinning costs CPU on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _gan(decay: float | None, *extra: str) -> GanTask:
     args = ["3dgan", "--generate", "8", "--recipe", "cern2019", "--cell-scale", "100", *extra]
     if decay is not None:
@@ -132,14 +142,14 @@ def _measured_by_hand(task: GanTask) -> np.ndarray:
         return G.eval()(torch.from_numpy(E).view(-1, 1) * torch.from_numpy(Z)).numpy() / 100
 
 
-def test_physics_pass_judges_the_average_beside_the_raw_generator():
-    """After 3 steps the average's showers differ from those of the raw generator with its
+def test_physics_pass_judges_the_average_beside_the_raw_generator(one_thread):
+    """After 2 steps the average's showers differ from those of the raw generator with its
     statistics measured the same way; with a decay so small that the average is the last
     weights they coincide (the control)."""
     x, e, z, raw_measured = X, E, Z, _measured_by_hand
     task = _gan(0.9)
     assert task.generators == ("average", "raw")
-    _train(task, 3)
+    _train(task, 2)
     average = task.physics_pass(x, e, z, generator="average")[0]
     assert np.abs(average - raw_measured(task)).max() > 1e-3 * np.abs(average).max()
     raw, aux_real, aux_gen = task.physics_pass(x, e, z, generator="raw")
@@ -150,7 +160,7 @@ def test_physics_pass_judges_the_average_beside_the_raw_generator():
     np.testing.assert_array_equal(same_gen, aux_gen)
     assert task.G.training, "the generator's mode was not restored"
     short = _gan(1e-9)
-    _train(short, 3)
+    _train(short, 2)
     np.testing.assert_allclose(short.physics_pass(x, e, z, generator="average")[0],
                                raw_measured(short), rtol=1e-4, atol=1e-6)
     plain = _gan(None)
@@ -159,13 +169,32 @@ def test_physics_pass_judges_the_average_beside_the_raw_generator():
         plain.physics_pass(x, e, z, generator="average")
 
 
-GAN = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+# one step per epoch: two epochs are two updates of the average, and the second epoch's step
+# comes after the first epoch's validation (which must leave the training as it was)
+GAN = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "1",
        "--validate-every", "1", "--validate-events", "8", "--eval-samples", "0",
        "--peak-gflops", "50", "--recipe", "cern2019", "--cell-scale", "100"]
 
 
 def _last(out) -> dict:
     return json.loads((out / "physics.json").read_text())["validations"][-1]
+
+
+def _files(out) -> dict[str, bytes]:
+    """Every file under a run directory, by its relative path, with its contents."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def moving_run(tmp_path_factory):
+    """Two ranks, two epochs, moving statistics and no average: the control of the standing
+    test below, and the run without an average that a resume must not give one (only read,
+    or refused before anything is written)."""
+    out = tmp_path_factory.mktemp("averaging") / "moving"
+    done = train(2, *GAN, "--epochs", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
 
 
 @pytest.mark.mpi
@@ -199,20 +228,20 @@ def test_physics_json_has_both_generators_and_resume_keeps_the_average(tmp_path)
 
 
 @pytest.mark.mpi
-def test_resume_refuses_to_invent_an_average(tmp_path):
+def test_resume_refuses_to_invent_an_average(moving_run):
     """The other direction: a run without an average cannot resume into one that would
-    silently start from the resumed weights."""
-    out = tmp_path / "plain"
-    first = train(1, *GAN, "--epochs", "1", "--out", str(out))
-    assert first.returncode == 0, first.stderr[-2000:]
+    silently start from the resumed weights; the refusal leaves the run as it was."""
+    out = moving_run
     assert "others" not in _last(out) and _last(out)["generator"] == "raw"
-    invented = train(1, *GAN, "--epochs", "2", "--resume", "--generator-ema", "0.5",
+    before = _files(out)
+    invented = train(2, *GAN, "--epochs", "3", "--resume", "--generator-ema", "0.5",
                      "--out", str(out))
     assert invented.returncode == 2, invented.stderr[-2000:]
     assert "the checkpoint has no generator average and this run keeps one" in invented.stderr
+    assert _files(out) == before, "the refused resume wrote to the run"
 
 
-def test_standing_judges_a_copy_measured_for_the_current_weights():
+def test_standing_judges_a_copy_measured_for_the_current_weights(one_thread):
     """With --validate-bn standing the trained generator is judged with statistics measured
     for its weights (the same showers as measuring a copy by hand), not with its moving ones
     (the control, "raw" of a plain task with the same weights, differs); G's own statistics
@@ -223,7 +252,7 @@ def test_standing_judges_a_copy_measured_for_the_current_weights():
     assert _gan(0.9, "--validate-bn", "standing").generators == ("average", "standing")
     for t in (task, plain):
         torch.manual_seed(0)        # D's dropout draws from the global generator
-        _train(t, 3)
+        _train(t, 2)
     for a, b in zip(task.G.state_dict().values(), plain.G.state_dict().values()):
         assert torch.equal(a, b)                 # the same training so far
     moving = {k: v.clone() for k, v in task.G.state_dict().items()}
@@ -242,21 +271,19 @@ def test_standing_judges_a_copy_measured_for_the_current_weights():
 
 
 @pytest.mark.mpi
-def test_standing_validation_leaves_the_training_as_it_was(tmp_path):
+def test_standing_validation_leaves_the_training_as_it_was(moving_run, tmp_path):
     """Two ranks, with and without --validate-bn standing: every step's losses are the same
     bit for bit; physics.json names the standing generator and its numbers differ from the
     moving statistics' (the control). A resume that changes --validate-bn says so, and each
     validation in physics.json names the statistics it was judged with."""
-    runs = {}
-    for name, extra in (("moving", []), ("standing", ["--validate-bn", "standing"])):
-        out = tmp_path / name
-        done = train(2, *GAN, "--epochs", "2", *extra, "--out", str(out))
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs[name] = out
+    out = tmp_path / "standing"
+    done = train(2, *GAN, "--epochs", "2", "--validate-bn", "standing", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = {"moving": moving_run, "standing": out}
     steps = {name: [json.loads(line) for line in
                     (out / "steps.jsonl").read_text().splitlines()]
              for name, out in runs.items()}
-    assert steps["moving"] == steps["standing"] and len(steps["moving"]) == 4
+    assert steps["moving"] == steps["standing"] and len(steps["moving"]) == 2
     standing, moving = _last(runs["standing"]), _last(runs["moving"])
     assert standing["generator"] == "standing" and moving["generator"] == "raw"
     assert "others" not in standing

@@ -56,6 +56,10 @@ def _excess(session: ort.InferenceSession, net: torch.nn.Module, x: np.ndarray) 
 
 
 RESNET50 = ("resnet50", "--samples", "2", "--batch-size", "2", "--image-size", "64")
+# cern2019: the generator as trained (no cell scale, its moving statistics); no physics
+# validation, which export does not read
+GAN3D = ("3dgan", "--generate", "8", "--batch-size", "2", "--recipe", "cern2019",
+         "--validate-events", "0")
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +75,7 @@ def checkpoint_of(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("model,args", [
-    # cern2019: the generator as trained (no cell scale, its moving statistics)
-    ("3dgan", ("3dgan", "--generate", "8", "--batch-size", "2", "--recipe", "cern2019")),
-    ("resnet50", RESNET50),
-])
+@pytest.mark.parametrize("model,args", [("3dgan", GAN3D), ("resnet50", RESNET50)])
 def test_export_matches_the_framework(model, args, checkpoint_of, tmp_path):
     ckpt = checkpoint_of(*args)
     onnx_file = tmp_path / f"{model}.onnx"
@@ -113,7 +113,8 @@ def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
     BatchNorm layout and its showers in GeV: ONNX matches the checkpoint's generator ÷ 100.
     Control: the generator's raw output (GeV x 100) fails the same comparison."""
     ckpt = _checkpoint(tmp_path, "3dgan", "--generate", "8", "--batch-size", "2",
-                       "--recipe", "cern2019", "--cell-scale", "100", "--bn-axis", "depth")
+                       "--recipe", "cern2019", "--cell-scale", "100", "--bn-axis", "depth",
+                       "--validate-events", "0")
     onnx_file = tmp_path / "g.onnx"
     result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
                   str(onnx_file)], base_env(), timeout=300)
@@ -133,11 +134,11 @@ def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
     assert _excess(session, raw, x) > 10
 
 
-def _three_steps(out: Path, *flags: str) -> tuple[Path, dict]:
-    """A 1-rank 3DGAN run of three steps with ``--recipe cern2019`` (no cell scale, moving
+def _steps(out: Path, steps: int, *flags: str) -> tuple[Path, dict]:
+    """A 1-rank 3DGAN run of ``steps`` steps with ``--recipe cern2019`` (no cell scale, moving
     statistics) and ``flags``: its checkpoint and what it holds."""
     result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
-                  "--batch-size", "2", "--epochs", "1", "--max-steps", "3",
+                  "--batch-size", "2", "--epochs", "1", "--max-steps", str(steps),
                   "--recipe", "cern2019", *flags,
                   "--peak-gflops", "50", "--eval-samples", "0", "--validate-events", "0",
                   "--out", str(out)], base_env(), timeout=300)
@@ -146,16 +147,18 @@ def _three_steps(out: Path, *flags: str) -> tuple[Path, dict]:
     return ckpt, torch.load(ckpt, map_location="cpu", weights_only=True)
 
 
-def test_export_of_a_generator_average_and_of_the_raw_generator(tmp_path):
+def test_export_of_a_generator_average_and_of_the_raw_generator(checkpoint_of, tmp_path):
     """``--generator-ema``: export-onnx exports the average (what physics validation judged),
     and with ``--raw-generator`` the trained weights; each ONNX file matches its own
-    generator, built here from the checkpoint, and fails against the other (the control)."""
-    ckpt, state = _three_steps(tmp_path / "run", "--generator-ema", "0.5")
+    generator, built here from the checkpoint, and fails against the other (the control).
+    Two steps: the average of two differs from the last weights. A checkpoint without an
+    average (the 3DGAN one above) refuses ``--raw-generator``."""
+    ckpt, state = _steps(tmp_path / "run", 2, "--generator-ema", "0.5")
     raw = gan3d.Generator()
     raw.load_state_dict(state["modules"]["generator"])
     average = gan3d.Generator()
     saved = state["extra"]["generator_average"]
-    assert saved["updates"] == 3 and saved["decay"] == 0.5
+    assert saved["updates"] == 2 and saved["decay"] == 0.5
     average.load_state_dict(saved["module"])   # the averaged weights and their statistics
     x = np.random.default_rng(9).standard_normal((3, gan3d.LATENT)).astype(np.float32)
     for flags, mine, other in (([], average, raw), (["--raw-generator"], raw, average)):
@@ -163,12 +166,12 @@ def test_export_of_a_generator_average_and_of_the_raw_generator(tmp_path):
         done = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
                     str(onnx_file), *flags], base_env(), timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-        said = "the trained weights" if flags else "the generator weight average (decay 0.5, 3"
+        said = "the trained weights" if flags else "the generator weight average (decay 0.5, 2"
         assert said in done.stdout
         session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
         assert _excess(session, mine.eval(), x) <= 1
         assert _excess(session, other.eval(), x) > 10
-    plain = _checkpoint(tmp_path / "plain", "3dgan", "--generate", "8", "--batch-size", "2")
+    plain = checkpoint_of(*GAN3D)
     refused = run(["hpcai-launch", "export-onnx", str(plain), "--model", "3dgan",
                    "--raw-generator"], base_env())
     assert refused.returncode == 2 and "the checkpoint has no generator average" in refused.stderr
@@ -183,7 +186,7 @@ def test_export_of_a_standing_run_carries_the_statistics_its_validation_used(tmp
     from hpcai.training.averaging import standing_statistics
     from hpcai.training.tasks import standing_inputs
 
-    ckpt, state = _three_steps(tmp_path / "run", "--validate-bn", "standing")
+    ckpt, state = _steps(tmp_path / "run", 1, "--validate-bn", "standing")
     moving = gan3d.Generator()
     moving.load_state_dict(state["modules"]["generator"])
     standing = gan3d.Generator()

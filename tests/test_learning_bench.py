@@ -252,7 +252,7 @@ def test_rejudge_reproduces_the_in_training_validation_and_adds_draws(tmp_path):
     from jobs import train
 
     out = tmp_path / "run"
-    result = train(1, "3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+    result = train(1, "3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "1",
                    "--epochs", "1", "--validate-events", "8", "--eval-samples", "0",
                    "--peak-gflops", "50", "--cell-scale", "100", "--validate-bn", "moving",
                    "--out", str(out))   # judged in training with the checkpoint's statistics
@@ -324,13 +324,14 @@ def test_a_seed_resumed_over_two_invocations_keeps_both_in_its_record(tmp_path):
     script = str(REPO / "bench" / "learning.py")
     work, path = tmp_path / "work", tmp_path / "learning.json"
     got = []
-    for epochs in (1, 2):
+    for epochs in (1, 2):   # one rank: the record does not depend on their number
         done = run([sys.executable, script, "--seeds", "1", "--epochs", str(epochs),
                     "--max-steps", "1", "--batch-size", "2", "--events", "24",
                     "--validate-events", "8", "--workdir", str(work), "--json", str(path),
-                    "--train-arg=--resume", "--train-arg=--cell-scale",
-                    "--train-arg=100", "--launch-arg=--threads-per-rank",
-                    "--launch-arg=1"], base_env(), timeout=600, cwd=tmp_path)
+                    "--ranks", "1", "--train-arg=--resume", "--train-arg=--cell-scale",
+                    "--train-arg=100", "--train-arg=--peak-gflops", "--train-arg=50",
+                    "--launch-arg=--threads-per-rank", "--launch-arg=1"],
+                   base_env(), timeout=600, cwd=tmp_path)
         assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
         got.append(json.loads(path.read_text()))
     first, second = (g["runs"][0] for g in got)
@@ -357,6 +358,7 @@ def test_a_seed_past_its_timeout_is_stopped_with_a_hint(tmp_path):
     done = run([sys.executable, script, "--seeds", "1", "--epochs", "50", "--max-steps", "1",
                 "--batch-size", "2", "--events", "24", "--validate-events", "8",
                 "--workdir", str(tmp_path / "work"), "--json", str(tmp_path / "l.json"),
+                "--ranks", "1", "--train-arg=--peak-gflops", "--train-arg=50",
                 "--timeout", "3"], base_env(), timeout=600, cwd=tmp_path)
     assert done.returncode == 1
     assert "error: seed 1: no result within 3 s" in done.stderr
@@ -368,7 +370,8 @@ def test_a_seed_past_its_timeout_is_stopped_with_a_hint(tmp_path):
 def test_deadline_preempts_the_ranks_so_they_checkpoint_mid_epoch(tmp_path):
     """``--deadline`` stops a seed with SIGUSR1, which every MPI's launcher passes on to the
     ranks: they write a checkpoint within the epoch and name the signal. (SIGTERM to
-    ``hpcai-launch`` does the same; tests/test_signals.py, with its control.)"""
+    ``hpcai-launch`` does the same; tests/test_signals.py, with its control.) The run (20
+    epochs of 8 steps of batch 8) outlasts the 20 s deadline many times over."""
     from conftest import base_env, run
 
     script = str(REPO / "bench" / "learning.py")
@@ -376,7 +379,7 @@ def test_deadline_preempts_the_ranks_so_they_checkpoint_mid_epoch(tmp_path):
     done = run([sys.executable, script, "--seeds", "1", "--epochs", "20", "--max-steps", "8",
                 "--batch-size", "8", "--events", "64", "--validate-events", "8",
                 "--workdir", str(work), "--json", str(tmp_path / "l.json"),
-                "--deadline", "40"], base_env(), timeout=600, cwd=tmp_path)
+                "--deadline", "20"], base_env(), timeout=600, cwd=tmp_path)
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
     assert "preempted by signal 10" in done.stdout + done.stderr
     assert [p for p in (work / "seed1" / "checkpoints").glob("ckpt-*.pt")
@@ -391,7 +394,7 @@ def test_rejudge_of_a_standing_run_judges_its_moving_statistics_first(tmp_path):
     from jobs import train
 
     out = tmp_path / "run"
-    result = train(1, "3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+    result = train(1, "3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "1",
                    "--epochs", "1", "--validate-events", "8", "--eval-samples", "0",
                    "--peak-gflops", "50", "--cell-scale", "100", "--validate-bn", "standing",
                    "--out", str(out))
