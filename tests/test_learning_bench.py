@@ -371,7 +371,7 @@ def test_deadline_preempts_the_ranks_so_they_checkpoint_mid_epoch(tmp_path):
     """``--deadline`` stops a seed with SIGUSR1, which every MPI's launcher passes on to the
     ranks: they write a checkpoint within the epoch and name the signal. (SIGTERM to
     ``hpcai-launch`` does the same; tests/test_signals.py, with its control.) The run (20
-    epochs of 8 steps of batch 8) outlasts the 20 s deadline many times over."""
+    epochs of 8 steps of batch 8) outlasts the 30 s deadline many times over."""
     from conftest import base_env, run
 
     script = str(REPO / "bench" / "learning.py")
@@ -379,7 +379,7 @@ def test_deadline_preempts_the_ranks_so_they_checkpoint_mid_epoch(tmp_path):
     done = run([sys.executable, script, "--seeds", "1", "--epochs", "20", "--max-steps", "8",
                 "--batch-size", "8", "--events", "64", "--validate-events", "8",
                 "--workdir", str(work), "--json", str(tmp_path / "l.json"),
-                "--deadline", "20"], base_env(), timeout=600, cwd=tmp_path)
+                "--deadline", "30"], base_env(), timeout=600, cwd=tmp_path)
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
     assert "preempted by signal 10" in done.stdout + done.stderr
     assert [p for p in (work / "seed1" / "checkpoints").glob("ckpt-*.pt")
