@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install what is missing (idempotent), then run the test suite.
-#   ./run-tests.sh [PYTEST ARGS]         the whole suite (what CI runs)
+#   ./run-tests.sh [PYTEST ARGS]         the whole suite (what CI runs), in pytest-xdist
+#       workers, one per core (at most 4), each running whole files
 #   ./run-tests.sh --fast [PYTEST ARGS]  the fast tier, `pytest -m fast`: the unit and golden
 #       tests, which start no MPI job, no Slurm, no container and no training run longer than
-#       a second (tests/conftest.py lists their files in FAST_FILES). It skips the Horovod and
+#       a second (tests/fast_tier.py lists them). It skips the Horovod and
 #       mpi4py-ABI builds, which only the whole suite needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -24,4 +25,7 @@ fi
 bash scripts/build-horovod.sh
 # mpi4py for the MPI-5 standard ABI (the ABI matrix): built once (~8 min), then cached.
 bash scripts/build-mpi4py-abi.sh
-exec python -m pytest -ra --durations=25 "$@"
+# One pytest worker per core (at most 4), each taking whole files, so a module's fixtures
+# are made once; while one worker's test waits on ranks, daemons or a timeout, the other's runs.
+exec python -m pytest -ra --durations=25 --numprocesses=auto --maxprocesses=4 \
+  --dist=loadfile "$@"

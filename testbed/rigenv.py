@@ -3,13 +3,10 @@ the venv first on PATH, MPI on loopback, no job or hpcai variables from the call
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -33,17 +30,3 @@ def run(argv: list[str], env: dict[str, str], timeout: float = 120,
         cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
                           cwd=cwd, check=False)
-
-
-@contextlib.contextmanager
-def build_lock(target: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<target>.lock`` for the block: one test process at a time
-    builds a cached artefact (the image, the Apptainer rig), and the others then find it
-    built (pytest-xdist runs the suite in several processes)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
