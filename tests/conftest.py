@@ -103,6 +103,19 @@ def _no_mpi_init_in_the_suites_process():
                     "or move the code under test out of a module that initialises MPI")
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread_per_worker():
+    """Under pytest-xdist torch in a worker's own process computes on its share of the
+    cores (one thread with one worker per core), so in-process model tests do not spin
+    threads on the cores the other workers use. Subprocesses (ranks, bare ``train``) are
+    not affected: their threads come from their own plans and environments."""
+    torch = sys.modules.get("torch")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if torch is not None and workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    yield
+
+
 @pytest.fixture(params=ALL_FLAVOURS)
 def mpi(request) -> MpiUnderTest:
     """Each MPI flavour installed here (skipped, with the reason, when one is missing)."""
