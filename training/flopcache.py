@@ -32,10 +32,17 @@ def _layer(m: torch.nn.Module) -> list:
     return [type(m).__module__ + "." + type(m).__qualname__, m.extra_repr(), attrs]
 
 
-def _source(obj) -> str:
+def _file(obj) -> str:
     try:
-        return hashlib.sha256(Path(inspect.getfile(obj)).read_bytes()).hexdigest()
-    except (OSError, TypeError):
+        return inspect.getfile(obj)
+    except TypeError:   # built in: no source file
+        return "built-in"
+
+
+def _digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
         return "unknown"
 
 
@@ -43,11 +50,10 @@ def key(modules: Iterable[torch.nn.Module], inputs: Iterable[tuple[int, ...]],
         code: Iterable[object], **extra) -> str:
     """The key of a count over ``modules`` on inputs of shapes ``inputs``, run by ``code``
     (modules or functions whose source files the count depends on) and ``extra``."""
-    modules = list(modules)
-    classes = {type(m) for top in modules for m in top.modules()}
-    files = sorted({_source(c) for c in classes} | {_source(c) for c in code})
-    doc = {"torch": torch.__version__, "files": files,
-           "layers": [[_layer(m) for m in top.modules()] for top in modules],
+    layers = [list(top.modules()) for top in modules]
+    paths = {_file(type(m)) for tops in layers for m in tops} | {_file(c) for c in code}
+    doc = {"torch": torch.__version__, "files": sorted(map(_digest, paths)),
+           "layers": [[_layer(m) for m in tops] for tops in layers],
            "inputs": [list(s) for s in inputs], "extra": sorted(extra.items())}
     return hashlib.sha256(json.dumps(doc, default=repr).encode()).hexdigest()
 

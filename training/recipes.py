@@ -96,14 +96,13 @@ def settings_line(cfg) -> str | None:
     values of every setting it tunes (flags given included), or None for another model."""
     if cfg.recipe is None:
         return None
-    given = [k for k in cfg.overrides if k != "recipe"]
-    values = ", ".join(f"{k.replace('_', '-')} {getattr(cfg, k):g}"
-                       if isinstance(getattr(cfg, k), float)
-                       else f"{k.replace('_', '-')} {getattr(cfg, k)}" for k in TUNED)
+    values = [(key.replace("_", "-"), getattr(cfg, key)) for key in TUNED]
+    settings = ", ".join(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+                         for name, value in values)
     resumed = (" (a resumed run takes its checkpoint's recipe)"
                if cfg.resume and "recipe" not in cfg.overrides else "")
-    flags = f" ({' '.join('--' + k.replace('_', '-') for k in given)} given)" if given else ""
-    return f"{cfg.model}, recipe {cfg.recipe}{flags}{resumed}: {values}"
+    head = describe(cfg.recipe, cfg.overrides).removesuffix(", ")
+    return f"{cfg.model}, {head}{resumed}: {settings}"
 
 
 def describe(name: str | None, overrides: tuple[str, ...]) -> str:

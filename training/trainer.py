@@ -40,6 +40,7 @@ from .schedule import learning_rate
 from .shower_data import ShowerReader, split_files, validate
 from .showers import generate, held_out_seed
 from .synthetic_images import SyntheticImages
+from .physics_plots import write_plots
 from .validation import (PhysicsValidator, PlotClock, due, plots_behind,
                          record as record_physics, redraw)
 from .watchdog import Watchdog
@@ -454,9 +455,10 @@ class Trainer(ABC):
             watch.enter("physics validation")   # collective: every rank its share
             validations = self.validator.run(self.task, epoch)
             if validations is not None:   # rank 0
-                record_physics(cfg.out_dir, validations, self.validator.held_out, draw=False)
+                doc = record_physics(cfg.out_dir, validations, self.validator.held_out,
+                                     draw=False)
                 if self.plots.due(last=epoch == cfg.epochs - 1):
-                    self._draw_plots(f"after epoch {epoch}")
+                    self._draw_plots(f"after epoch {epoch}", doc)
                 physics_summary = validations[0].summary()
                 physics_words = worst_bin(validations[0])
         watch.enter("evaluation and records")   # the collectives are done: rank 0 alone
@@ -518,13 +520,16 @@ class Trainer(ABC):
                 print(f"hpcai-train: physics plots drawn at the stop: {self.cfg.out_dir}",
                       flush=True)
 
-    def _draw_plots(self, when: str) -> bool:
-        """Rank 0: draw the plots of physics.json. A drawing that fails (a file that cannot
-        be written, say) is reported and training goes on: physics.json and the checkpoints
-        hold everything, ``hpcai-launch report`` redraws the plots, and the next due
-        drawing tries again."""
+    def _draw_plots(self, when: str, doc: dict | None = None) -> bool:
+        """Rank 0: draw the plots of physics.json (``doc``, the document just written, or
+        else read from the file). A drawing that fails (a file that cannot be written, say)
+        is reported and training goes on: physics.json and the checkpoints hold everything,
+        ``hpcai-launch report`` redraws the plots, and the next due drawing tries again."""
         try:
-            redraw(self.cfg.out_dir)
+            if doc is None:
+                redraw(self.cfg.out_dir)
+            else:
+                write_plots(doc, self.cfg.out_dir)
         except Exception as exc:   # noqa: BLE001 - the plots are a view; say, go on
             print(f"hpcai-train: warning: the physics plots could not be drawn {when} "
                   f"({type(exc).__name__}: {exc}); hpcai-launch report {self.cfg.out_dir} "

@@ -167,11 +167,11 @@ def entry(validations: list[physics.Validation]) -> dict:
 
 
 def record(out_dir: Path, validations: list[physics.Validation],
-           held_out: DatasetIndex, draw: bool = True) -> Path:
+           held_out: DatasetIndex, draw: bool = True) -> dict:
     """Rank 0: add one validation (``validations``: one per generator, the run's result
     first) to ``OUT/physics.json`` (replacing any of the same or a later epoch, left by a
     run that was resumed) and, with ``draw``, redraw the plots, of the first generator.
-    Returns the JSON's path."""
+    Returns the document written."""
     path = out_dir / PHYSICS_FILE
     epoch = validations[0].epoch
     history = []
@@ -188,7 +188,7 @@ def record(out_dir: Path, validations: list[physics.Validation],
     _atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
     if draw:
         write_plots(doc, out_dir)
-    return path
+    return doc
 
 
 def redraw(out_dir: Path) -> list[Path]:
