@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import (RESULTS, RatioStats, Row, alternating_order, loopback_env, print_rows,
-                    provenance, verdict, write_result)
+from common import (RESULTS, Row, alternating_order, loopback_env, print_rows, provenance,
+                    write_result)
 
 TARGET = 0.95
 # measured beside the sides, to explain the gap; never a baseline
@@ -68,8 +68,8 @@ def _as_rank(args: argparse.Namespace) -> int:
     for name, model in (("resnet50", resnet.resnet50()),
                         ("3dgan", torch.nn.ModuleList([gan3d.Generator(),
                                                        gan3d.Discriminator()]))):
-        for p in model.parameters():
-            p.grad = torch.randn_like(p)
+        for p in model.parameters():   # small normal floats, as the raw buffer (below)
+            p.grad = torch.randn_like(p) * 2.0**-100
         nbytes = sum(p.numel() * 4 for p in model.parameters())
         # the raw sides sum without averaging, so the buffer doubles at every call: start
         # small enough (still normal floats) that the calls stay finite
@@ -87,11 +87,15 @@ def _as_rank(args: argparse.Namespace) -> int:
 
         initial = [b.flat.clone() for b in reducer.buckets]   # the same layout in all three
 
+        calls = 1
+
         def timed(fn) -> float:
+            """Seconds per call of ``fn``, over ``calls`` calls, the slower rank's."""
             comm.Barrier()
             t0 = time.perf_counter()
-            fn()
-            return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            for _ in range(calls):
+                fn()
+            return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / calls
 
         def step(r: GradAllreducer, loss_divided: bool = True):
             def run() -> None:
@@ -129,27 +133,21 @@ def _as_rank(args: argparse.Namespace) -> int:
                  DIAG_AVERAGING: division, DIAG_IALLREDUCE: raw_nonblocking,
                  DIAG_SMALL_PAGES: raw_small_pages}
         values: dict[str, list[float]] = {s: [] for s in sides}
-        for s in sides:   # warm-up round
-            timed(sides[s])
-        fixed = args.trials is not None
-        while True:
+        warm = {s: timed(sides[s]) for s in sides}   # warm-up round
+        # a trial lasts about --trial-ms: short exchanges are repeated, so that one late
+        # wake-up of a rank does not decide a trial (at most 32 calls: the sums double)
+        calls = comm.bcast(max(1, min(32, round(args.trial_ms / 1e3 / min(
+            warm[k] for k in settings)))), root=0)
+        while len(values["fused"]) < args.trials:
             for s in alternating_order(list(sides), 2):   # one round: A B .. B A
                 values[s].append(timed(sides[s]))
             raw[:] = raw0   # the sums double the values: back to small normal floats
             for r in (reducer, blocking, in_hooks):
                 for bucket, first in zip(r.buckets, initial):
                     bucket.flat.copy_(first)
-            n = len(values["fused"])
-            if fixed:
-                done = n >= args.trials
-            else:
-                done = n >= args.max_trials or (
-                    n >= args.min_trials and comm.rank == 0 and _resolved(values))
-            if comm.bcast(done, root=0):
-                break
         out[name] = {"bytes": nbytes, "tensors": len(list(model.parameters())),
                      "buckets": len(reducer.buckets), "progress": reducer.progress,
-                     "seconds": values}
+                     "calls_per_trial": calls, "seconds": values}
         for r in (reducer, blocking, in_hooks):
             r.close()
     if comm.rank == 0:
@@ -162,11 +160,31 @@ def _best_raw(secs: dict[str, list[float]]) -> str:
     return min(raws, key=lambda k: _median(raws[k]))
 
 
-def _resolved(secs: dict[str, list[float]]) -> bool:
-    """Every row's 95 % interval on one side of the target."""
-    best = secs[_best_raw(secs)]
-    return all(verdict(RatioStats.of(best, secs[f]), ">=", TARGET) != "unresolved"
-               for f in ("fused", "fused blocking"))
+def _rows(runs: list[dict]) -> list[Row]:
+    """The target rows of ``runs`` (each a launch's ``{model: result}``), pooled."""
+    rows = []
+    for name in runs[0]:
+        results = [run[name] for run in runs]
+        r = results[0]
+        secs = {k: [x for res in results for x in res["seconds"][k]] for k in r["seconds"]}
+        best = _best_raw(secs)
+        ms = {k: f"{_median(v) * 1e3:.1f} ms" for k, v in secs.items()}
+        for fused, how, diag in (
+                ("fused", f"default, progress {r['progress']}",
+                 f"raw MPI_Iallreduce of 4 MB chunks {ms[DIAG_IALLREDUCE]}"),
+                ("fused blocking", "blocking, Allreduce", "")):
+            note = (f"medians: best raw {ms[best]}, fused {ms[fused]}; with the gradients "
+                    f"divided in the hooks {ms[DIAG_HOOK_DIVISION]}; a division pass over the "
+                    f"arena alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else "")
+                    + f"; for scale, the same bucket sizes in separate torch allocations "
+                    f"(no huge pages) {ms[DIAG_SMALL_PAGES]}")
+            rows.append(Row.across_runs(
+                f"allreduce-{name}-{fused.replace(' ', '-')}",
+                f"{name} gradients ({r['bytes'] / 1e6:.1f} MB, {r['buckets']} bucket(s), "
+                f"{how}): fused bandwidth ÷ best raw MPI_Allreduce ({best})",
+                ">=", TARGET, [(res["seconds"][best], res["seconds"][fused])
+                               for res in results], note))
+    return rows
 
 
 def _median(values: list[float]) -> float:
@@ -177,10 +195,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=None,
-                        help="exactly this many trials per side (default: until resolved)")
-    parser.add_argument("--min-trials", type=int, default=20)
-    parser.add_argument("--max-trials", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=20, help="trials per side in one launch")
+    parser.add_argument("--runs", type=int, default=4,
+                        help="launches at least (each a fresh 2-rank job)")
+    parser.add_argument("--max-runs", type=int, default=10,
+                        help="launches at most, while a row is unresolved")
+    parser.add_argument("--trial-ms", type=float, default=20.0,
+                        help="a trial repeats an exchange until it lasts about this long")
     parser.add_argument("--chunks", default="1,4,16,64", help="raw chunk sizes in MB")
     parser.add_argument("--progress", choices=("hook", "nonblocking"), default=None,
                         help="the fused side's progress strategy (default: the MPI family's)")
@@ -195,54 +216,47 @@ def main() -> int:
         return _as_rank(args)
     info = provenance()
     argv = ["hpcai-launch", "-N", "2", "--threads-per-rank", "1", "--mpi", args.mpi, "--",
-            sys.executable, __file__, "--chunks", args.chunks,
-            "--min-trials", str(args.min_trials), "--max-trials", str(args.max_trials),
-            *(["--trials", str(args.trials)] if args.trials else []),
+            sys.executable, __file__, "--chunks", args.chunks, "--trials", str(args.trials),
+            "--trial-ms", str(args.trial_ms),
             *(["--progress", args.progress] if args.progress else []),
             *(["--bucket-mb", str(args.bucket_mb)] if args.bucket_mb else [])]
-    out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
-                         timeout=7200)
-    if out.returncode != 0:
-        print(out.stderr, file=sys.stderr)
-        return out.returncode
-    results = json.loads(out.stdout.strip().splitlines()[-1])
-    rows = []
-    for name, r in results.items():
-        secs = r["seconds"]
-        best = _best_raw(secs)
+    runs: list[dict] = []
+    while len(runs) < args.max_runs:
+        out = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
+                             timeout=3600)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return out.returncode
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows = _rows(runs)
+        print(f"launch {len(runs)}: " + ", ".join(
+            f"{row.key} {row.stats.median:.3f} {row.verdict}" for row in rows), flush=True)
+        if len(runs) >= args.runs and all(row.verdict != "unresolved" for row in rows):
+            break
+    for name in runs[0]:
+        secs = {k: [x for run in runs for x in run[name]["seconds"][k]]
+                for k in runs[0][name]["seconds"]}
+        nbytes = runs[0][name]["bytes"]
         for k, v in secs.items():
             med = _median(v)
-            print(f"{name:9s} {r['bytes'] / 1e6:6.1f} MB {k:14s} n={len(v)} "
-                  f"median {med * 1e3:8.2f} ms "
-                  f"({r['bytes'] / med / 1e9:.2f} GB/s)")
-        ms = {k: f"{_median(v) * 1e3:.1f} ms" for k, v in secs.items()}
-        for fused, how, diag in (
-                ("fused", f"default, progress {r['progress']}",
-                 f"raw MPI_Iallreduce of 4 MB chunks {ms[DIAG_IALLREDUCE]}"),
-                ("fused blocking", "blocking, Allreduce", "")):
-            note = (f"medians: best raw {ms[best]}, fused {ms[fused]}; with the gradients "
-                    f"divided in the hooks {ms[DIAG_HOOK_DIVISION]}; a division pass over the "
-                    f"arena alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else "")
-                    + f"; for scale, the same bucket sizes in separate torch allocations "
-                    f"(no huge pages) {ms[DIAG_SMALL_PAGES]}")
-            rows.append(Row.measured(
-                f"allreduce-{name}-{fused.replace(' ', '-')}",
-                f"{name} gradients ({r['bytes'] / 1e6:.1f} MB, {r['buckets']} bucket(s), "
-                f"{how}): fused bandwidth ÷ best raw MPI_Allreduce ({best})",
-                ">=", TARGET, secs[best], secs[fused], note))
+            print(f"{name:9s} {nbytes / 1e6:6.1f} MB {k:14s} n={len(v)} "
+                  f"median {med * 1e3:8.2f} ms ({nbytes / med / 1e9:.2f} GB/s)")
     print_rows(rows)
     from hpcai.training.allreduce import CHUNK_BYTES
     from hpcai.training.sync import DEFAULT_BUCKET_MB
 
-    settings = {"ranks": 2, "threads_per_rank": 1, "mpi": args.mpi, "trials": args.trials,
-                "min_trials": args.min_trials, "max_trials": args.max_trials,
-                "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
+    settings = {"ranks": 2, "threads_per_rank": 1, "mpi": args.mpi,
+                "trials_per_launch": args.trials, "launches": len(runs),
+                "min_launches": args.runs, "max_launches": args.max_runs,
+                "trial_ms": args.trial_ms, "warmup_rounds": 1, "raw_chunks_mb": args.chunks,
                 "fused": "GradAllreducer (buckets of bucket_mb in one arena, overlap), "
                          "replay_backward() + synchronize()",
                 "bucket_mb": args.bucket_mb or DEFAULT_BUCKET_MB,
                 "largest_call_bytes": CHUNK_BYTES,
-                "progress": {n: r["progress"] for n, r in results.items()}}
-    path = write_result("allreduce_bw", info, rows, results, settings,
+                "progress": {n: r["progress"] for n, r in runs[0].items()},
+                "calls_per_trial": {n: [run[n]["calls_per_trial"] for run in runs]
+                                    for n in runs[0]}}
+    path = write_result("allreduce_bw", info, rows, {"launches": runs}, settings,
                         out_dir=args.json.parent if args.json else args.results)
     if args.json:
         path = path.rename(args.json)

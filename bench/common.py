@@ -153,6 +153,28 @@ class Row:
         return cls(key, label, op, target, stats, verdict(stats, op, target), note)
 
     @classmethod
+    def across_runs(cls, key: str, label: str, op: str, target: float,
+                    runs: Sequence[tuple[Sequence[float], Sequence[float]]],
+                    note: str = "") -> "Row":
+        """The row of ratios a_i / b_i pooled over several independent runs (``runs``: one
+        ``(a, b)`` per launch). Trials within one launch share its placement and memory, so
+        their interval can be narrower than the spread between launches: the pooled
+        verdict stands only when every launch's own median ratio lies on the same side of
+        the target, else the row is 'unresolved'. The note lists the launches' medians."""
+        a = [x for run in runs for x in run[0]]
+        b = [y for run in runs for y in run[1]]
+        row = cls.measured(key, label, op, target, a, b, note)
+        medians = [RatioStats.of(*run).median for run in runs]
+        ok = (lambda x: x <= target) if op == "<=" else (lambda x: x >= target)
+        sides = {ok(m) for m in medians}
+        verdict_ = row.verdict
+        if verdict_ in ("met", "missed") and sides != {verdict_ == "met"}:
+            verdict_ = "unresolved"
+        each = "median ratio per launch: " + ", ".join(f"{m:.3f}" for m in medians)
+        return cls(key, label, op, target, row.stats, verdict_,
+                   f"{row.note}; {each}" if row.note else each)
+
+    @classmethod
     def report(cls, key: str, label: str, a: Sequence[float], b: Sequence[float],
                note: str = "") -> "Row":
         """The row of ratios a_i / b_i that no target judges."""

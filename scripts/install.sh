@@ -83,4 +83,10 @@ PY
   say "pip install -e $ROOT"
   "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
 fi
+# Byte-compile the package, as a wheel install does: where PYTHONDONTWRITEBYTECODE is set
+# (some sites and sandboxes set it), hpcai-launch and every rank would otherwise compile their
+# modules from source at each start. Up-to-date files are skipped.
+"$VENV/bin/python" -m compileall -q -j 0 "$ROOT/__init__.py" \
+  "$ROOT"/core "$ROOT"/launcher "$ROOT"/models "$ROOT"/perf "$ROOT"/slurm "$ROOT"/training \
+  >/dev/null
 say "ready: $VENV"

@@ -170,6 +170,23 @@ def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     reducer.close()
 
 
+def test_a_bucket_closes_once_it_holds_the_limit():
+    """Buckets fill in reverse order until they hold ``limit`` bytes or more, one dtype
+    each: the small tensors between two large ones share a bucket with the next large one
+    instead of a call of their own, and every bucket but the last holds at least the limit.
+    The control is a dtype change, which closes a bucket early."""
+    from hpcai.training.sync import plan_buckets
+
+    mb = 2**20
+    sizes = [9 * mb, 1024, 512, 9 * mb, 2048, 3 * mb, 2 * mb]   # registration order
+    groups = plan_buckets(sizes, ["f"] * len(sizes), 4 * mb)
+    assert groups == [[6, 5], [4, 3], [2, 1, 0]]
+    assert all(sum(sizes[i] for i in g) >= 4 * mb for g in groups[:-1])
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    mixed = plan_buckets(sizes, ["f"] * 6 + ["h"], 4 * mb)
+    assert mixed == [[6], [5, 4, 3], [2, 1, 0]]
+
+
 @pytest.mark.parametrize("family, calls", [(None, 4), ("openmpi", 1)],
                          ids=["intel", "whole-bucket (control)"])
 def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls):

@@ -245,8 +245,8 @@ PROGRESS = {"openmpi": "hook", "mpich": "hook", "intel": "hook", "other": "nonbl
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared
 # memory, bench/results/allreduce_bw-vm-20261129T012127.json): the ResNet50 set took
 # 16.4 ms as raw 1 MB calls against 37.2 ms as 4 MB calls and 103 ms as one call. Open MPI
-# and MPICH gained nothing clear from 1 MB calls over whole 4 MiB buckets, so they reduce
-# whole buckets.
+# and MPICH reduce whole buckets: capping their calls at 4 MiB was not faster in 2-rank
+# shared-memory runs.
 CHUNK_BYTES = {"intel": 1 << 20}
 
 

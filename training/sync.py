@@ -15,12 +15,14 @@ DEFAULT_BUCKET_MB = 4.0
 
 def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, limit: int) -> list[list[int]]:
     """Group tensors ``0..n-1`` into buckets: in reverse order (roughly the order in which
-    backward produces their gradients), at most ``limit`` bytes and one dtype per bucket (a
-    larger tensor gets a bucket of its own). Returns the tensors' indices per bucket."""
+    backward produces their gradients), one dtype per bucket, and a bucket closes once it
+    holds ``limit`` bytes or more (so it stays under ``limit`` plus its last tensor, and a
+    small tensor between two large ones never gets a call of its own). Returns the tensors'
+    indices per bucket."""
     groups: list[list[int]] = []
-    size, dtype = 0, None
+    size, dtype = limit, None
     for i in reversed(range(len(nbytes))):
-        if not groups or size + nbytes[i] > limit or dtypes[i] != dtype:
+        if size >= limit or dtypes[i] != dtype:
             groups.append([])
             size, dtype = 0, dtypes[i]
         groups[-1].append(i)

@@ -3,7 +3,7 @@
 ``tape.gradient`` hands over all gradients of a step at once, so there is no backward pass to
 overlap with; instead the buckets are pipelined: bucket k's non-blocking ``MPI_Iallreduce``
 runs while bucket k+1 is packed. Buckets follow the same rule as the PyTorch reducer
-(reverse variable order, at most ``bucket_mb``, one dtype each), and the flat buffers are
+(reverse variable order, closed once they hold ``bucket_mb``, one dtype each), and the flat buffers are
 allocated once. Blocking mode (``overlap=False``) first waits at a barrier, so the time the
 fastest rank waited for the slowest is reported apart from the transfer, as for PyTorch.
 
