@@ -30,6 +30,7 @@ Defaults for several options come from HPCAI_* environment variables.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -324,8 +325,17 @@ class _Launch:
         if self.job is not None and plan.mode == "rank":
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
             jobplan.write(self.job.path, key, rank_template(options, facts))
+        written = None
+        if plan.mode == "mpirun":
+            from .outerplan import prepare
+            plan, written = prepare(options, facts, plan, parse)
         from .run.execute import exec_plan
-        return exec_plan(plan, report_bindings=options.report_bindings)
+        try:
+            return exec_plan(plan, report_bindings=options.report_bindings)
+        finally:
+            if written:
+                with contextlib.suppress(OSError):
+                    os.unlink(written)
 
     def report(self, exc: UserError) -> None:
         if self.loud:

@@ -452,3 +452,45 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
     assert jobplan.job_dir(env)[0] == os.path.join(want, "jobs")
     got = facts.gather_facts(Options(command=("true",), ranks_per_node=1), env, stage=False)
     assert got.cache_dir == want
+
+
+# --- under mpirun on one host: the outer hpcai-launch plans for its ranks -----------------
+
+PLANNER = "hpcai.launcher.planning.facts"
+SHOW = ("import os; print('rank', os.environ['RANK'], os.environ['OMP_NUM_THREADS'], "
+        "os.environ.get('HPCAI_PLAN', '-'), sorted(os.sched_getaffinity(0)))")
+
+
+def _imports_of_planner(stderr: str) -> int:
+    """How many processes imported the planner (PYTHONPROFILEIMPORTTIME: one line each)."""
+    return sum(1 for line in stderr.splitlines()
+               if line.startswith("import time:") and line.rstrip().endswith(f"| {PLANNER}"))
+
+
+@pytest.mark.parametrize("hosts", [False, True], ids=["this host", "--hosts (control)"])
+def test_startup_outer_launcher_plans_for_its_mpirun_ranks(tmp_path, hosts):
+    """``hpcai-launch -N 2`` under mpirun on this host writes the ranks' plan before mpirun
+    starts: only the outer process imports the planner, both ranks start from that plan
+    (``HPCAI_PLAN``) with their thread environment and one CPU each, and the file is gone
+    afterwards. The control: the same launch with ``--hosts`` (a plan that may cover other
+    hosts) prepares nothing, and rank 0 plans for the job (the planner imported again)."""
+    jobs = tmp_path / "jobs"
+    env = base_env(HPCAI_JOB_DIR=str(jobs), PYTHONPROFILEIMPORTTIME="1")
+    where = ["--hosts", f"{socket.gethostname()}:2"] if hosts else []
+    result = run(["hpcai-launch", "-N", "2", *where, "--", sys.executable, "-c", SHOW], env,
+                 cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(ln.split(" ", 4) for ln in result.stdout.splitlines()
+                   if ln.startswith("rank "))
+    assert [ln[:3] for ln in lines] == [["rank", "0", "1"], ["rank", "1", "1"]], result.stdout
+    cpus = [json.loads(ln[4]) for ln in lines]
+    if os.cpu_count() >= 2:
+        assert all(len(c) == 1 for c in cpus) and cpus[0] != cpus[1], cpus
+    if not hosts:
+        assert _imports_of_planner(result.stderr) == 1, result.stderr[-3000:]
+        plan = lines[0][3]
+        assert plan.startswith(str(jobs)) and lines[1][3] == plan
+        assert not Path(plan).exists() and not list(jobs.glob("plan-launch_*"))
+    else:
+        assert _imports_of_planner(result.stderr) == 2, result.stderr[-3000:]
+        assert {ln[3] for ln in lines} == {"-"}

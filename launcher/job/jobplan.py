@@ -22,7 +22,10 @@ launch with the same job id (other :data:`LAUNCH_KEYS` values), or written long 
 rank started (:data:`STALE_S`), is not read: the rank waits for a fresh one.
 A rank of an srun step whose environment has :data:`PLAN_ENV` (set by the job scripts of
 ``hpcai-launch sbatch`` after ``hpcai-launch plan-step`` planned the step on the batch host)
-reads that file at once, keyed ``slurm:JOB.batch``, and never plans for the others.
+reads that file at once, keyed ``slurm:JOB.batch``, and never plans for the others. So do
+the ranks of an outer ``hpcai-launch`` that starts them all on its own host with mpirun or
+mpiexec (:mod:`hpcai.launcher.outerplan`): it writes their plan before the launch and passes
+:data:`PLAN_ENV` and :data:`LAUNCH_ENV` (a token of that launch, keyed ``launch:TOKEN``).
 Where planning would differ on this rank (another number of local ranks or of CPUs on its
 node, other environment variables that planning reads) the rank plans by itself, as before.
 """
@@ -47,7 +50,8 @@ STALE_S = 120.0          # a plan older than this before the rank started is ano
 KEEP_S = 86400.0         # planners remove plans older than this from the job directory
 NODE_MARK = "\0node\0"   # stands for the node rank in the template's argv (argv has no NUL)
 JOB_MARK = "\0job\0"     # stands for the rank's job key (RankInfo.job_key) there
-PLAN_ENV = "HPCAI_PLAN"  # a plan prepared before the launch (hpcai-launch plan-step)
+PLAN_ENV = "HPCAI_PLAN"  # a plan prepared before the launch (plan-step, or the outer launcher)
+LAUNCH_ENV = "HPCAI_PLAN_LAUNCH"   # beside it: the outer hpcai-launch's token for its launch
 # Per launcher (RankInfo.started_by): variables equal on every rank of one launch and new
 # at the next one (srun's contact point; mpirun's URI and PMIx namespace; Hydra's id). A plan
 # of an earlier launch with the same job id (a restarted Slurm counts from 1 again) is stale.
@@ -112,6 +116,10 @@ def role(argv: list[str], env: dict[str, str], info: RankInfo | None) -> JobRole
     head = argv[:argv.index("--")] if "--" in argv else argv
     if info is None or any(a in ("--dry-run", "-h", "--help") for a in head):
         return None
+    if env.get(PLAN_ENV) and env.get(LAUNCH_ENV) and info.started_by != "slurm":
+        token = env[LAUNCH_ENV]
+        return JobRole(info, env[PLAN_ENV], False, tuple(argv), loud=info.local_rank == 0,
+                       launch=outer_launch(token), prepared=outer_key(token))
     if env.get(PLAN_ENV) and info.started_by == "slurm":
         job = env.get("SLURM_JOB_ID", "")
         return JobRole(info, env[PLAN_ENV], False, tuple(argv), loud=info.local_rank == 0,
@@ -141,6 +149,15 @@ def prepared_key(job_id: str) -> str:
 
 def prepared_launch(job_id: str) -> str:
     return f"batch={job_id}"
+
+
+def outer_key(token: str) -> str:
+    """The job key of the plan an outer hpcai-launch writes for the launch ``token``."""
+    return f"launch:{token}"
+
+
+def outer_launch(token: str) -> str:
+    return f"launch={token}"
 
 
 def prepared_path(env: dict[str, str], head: list[str] | tuple[str, ...]) -> str:
@@ -222,7 +239,8 @@ def identity(path: str) -> str:
 
 def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     names = sorted(k for k in env
-                   if k.startswith("HPCAI_") and k not in ("HPCAI_PLAN_TIMEOUT", PLAN_ENV))
+                   if k.startswith("HPCAI_")
+                   and k not in ("HPCAI_PLAN_TIMEOUT", PLAN_ENV, LAUNCH_ENV))
     return tuple((k, env[k]) for k in (*ENV_KEYS, *names) if k in env)
 
 

@@ -88,7 +88,7 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
                         started_by="openmpi",
                         job_key="ompi:" + env.get("OMPI_MCA_ess_base_jobid",
                                                   env.get("PMIX_NAMESPACE", "")),
-                        nodes=_job_nodes(env))
+                        nodes=job_nodes(env))
     if "PMI_RANK" in env and "MPI_LOCALRANKID" in env:
         rank = _int(env, "PMI_RANK") or 0
         local_size = _int(env, "MPI_LOCALNRANKS") or 1
@@ -96,7 +96,7 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
         return RankInfo(rank=rank, size=_int(env, "PMI_SIZE") or 1,
                         local_rank=_int(env, "MPI_LOCALRANKID") or 0, local_size=local_size,
                         node_rank=_node_rank_blocked(rank, local_size), started_by="hydra",
-                        job_key=key, nodes=_job_nodes(env))
+                        job_key=key, nodes=job_nodes(env))
     if in_slurm_step(env):
         node = _int(env, "SLURM_NODEID") or 0
         per_node = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE",
@@ -127,7 +127,7 @@ def _slurm_step_key(env: dict[str, str]) -> str | None:
     return f"slurm:{job}.{step}" if job and step and step.isdigit() else None
 
 
-def _job_nodes(env: dict[str, str]) -> tuple[str, ...]:
+def job_nodes(env: dict[str, str]) -> tuple[str, ...]:
     """The nodes of the Slurm job this process runs in (empty outside Slurm)."""
     try:
         return expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))

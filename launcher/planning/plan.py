@@ -213,8 +213,11 @@ def _quote(arg: str) -> str:
 
 # --- pure planning -----------------------------------------------------------------------
 
-def build_plan(options: Options, facts: Facts) -> LaunchPlan:
-    """The whole decision, as a value. Raises UserError for anything the user must fix."""
+def build_plan(options: Options, facts: Facts,
+               prepared: tuple[str, str] | None = None) -> LaunchPlan:
+    """The whole decision, as a value. Raises UserError for anything the user must fix.
+    ``prepared``: (path, token) of the ranks' plan that the outer launcher writes before an
+    mpirun launch (:mod:`hpcai.launcher.outerplan`); the ranks get both in their env."""
     if not options.command:
         raise UserError("no command to run",
                         "put the program after '--', e.g. hpcai-launch --ranks-per-node 2 "
@@ -241,7 +244,7 @@ def build_plan(options: Options, facts: Facts) -> LaunchPlan:
     if mode == "srun":
         plan = _srun_plan(options, facts, placement, ranks, reason, gpus)
     else:
-        plan = _mpirun_plan(options, facts, placement, ranks, reason)
+        plan = _mpirun_plan(options, facts, placement, ranks, reason, prepared)
     if gpus is None:
         return plan
     return replace(plan, gpus=gpus, notes=(*gpu_notes, *plan.notes),
@@ -339,7 +342,8 @@ def _global_env(options: Options, facts: Facts, master_addr: str,
 
 
 def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
-                 ranks: tuple[RankPlan, ...], reason: str) -> LaunchPlan:
+                 ranks: tuple[RankPlan, ...], reason: str,
+                 prepared: tuple[str, str] | None = None) -> LaunchPlan:
     mpi = facts.mpi
     if mpi is None:
         raise UserError("no MPI found to start the ranks with",
@@ -353,6 +357,10 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
     local = not options.hosts
     master = "127.0.0.1" if local else hosts[0][0]
     env, links, notes = _global_env(options, facts, master, placement)
+    if prepared is not None:
+        env.update({jobplan.PLAN_ENV: prepared[0], jobplan.LAUNCH_ENV: prepared[1]})
+        notes.append(f"the ranks start from the plan in {prepared[0]} (written before mpirun; "
+                     "no rank plans)")
     flavour = mpi.flavour
     total = rpn * len(hosts)
     argv: list[str] = [mpi.launcher, "-n", str(total)]
