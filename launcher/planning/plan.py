@@ -446,6 +446,13 @@ def rank_template(options: Options, facts: Facts) -> jobplan.RankTemplate:
     return _rank_parts(options, facts)[1]
 
 
+def rank_template_with_warnings(options: Options, facts: Facts) -> tuple[jobplan.RankTemplate, tuple[str, ...]]:
+    """The template and the warnings rank 0 says when it carries out its plan (for a plan
+    made before the launch, whose ranks do not plan: the planner says them)."""
+    _, template, _, warnings = _rank_parts(options, facts)
+    return template, warnings
+
+
 def key_files(facts: Facts) -> tuple[tuple[str, str], ...]:
     """The files a rank's plan depends on: image, host MPI, staged host libraries."""
     files: list[tuple[str, str]] = []
