@@ -5,13 +5,15 @@ ended. :mod:`.execute` and :mod:`.rankwatch` both use it."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import signal
-import subprocess
+from typing import TYPE_CHECKING
 
 from ...core.errors import UserError
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def start_child(argv: tuple[str, ...], plan_env: dict[str, str], *,
@@ -20,9 +22,14 @@ def start_child(argv: tuple[str, ...], plan_env: dict[str, str], *,
     own, sent ``dies_by`` when this process dies (PR_SET_PDEATHSIG). ``keep_fds``: it
     inherits this process's inheritable descriptors (a rank's PMI socket). Raises OSError
     when it cannot be started."""
+    import ctypes       # here, not at import: a rank that only execs needs neither
+    import subprocess
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
     return subprocess.Popen(argv, env=with_environ(plan_env), process_group=0,
                             close_fds=not keep_fds,
-                            preexec_fn=functools.partial(_die_with_parent, dies_by, os.getpid()))
+                            preexec_fn=functools.partial(_die_with_parent, prctl, dies_by,
+                                                         os.getpid()))
 
 
 def end_by_signal(signum: int) -> int:
@@ -41,10 +48,10 @@ def with_environ(plan_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _die_with_parent(signum: int, parent: int) -> None:
-    """In the child, before exec: ``signum`` when the parent dies (Linux prctl), or at once
-    if ``parent`` already died."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+def _die_with_parent(prctl, signum: int, parent: int) -> None:
+    """In the child, before exec: ``signum`` when the parent dies (libc's ``prctl``, looked
+    up before the fork), or at once if ``parent`` already died."""
+    prctl(1, signum)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os.kill(os.getpid(), signum)
 
