@@ -51,6 +51,8 @@ DIAG_HOOK_DIVISION = "diag: fused, gradients divided in the hooks (loss not divi
 DIAG_AVERAGING = "diag: a division pass over the arena alone"
 DIAG_IALLREDUCE = "diag: raw MPI_Iallreduce, 4 MB chunks, all started then Waitall"
 DIAG_SMALL_PAGES = "diag: raw MPI_Allreduce of the bucket sizes in torch.zeros buffers"
+DIAG_PYTHON = "diag: the fused step's own work, a transport that sends nothing"
+DIAG_PYTHON_RAW = "diag: that work, then the best raw setting's calls"
 
 
 def _as_rank(args: argparse.Namespace) -> int:
@@ -123,6 +125,7 @@ def _as_rank(args: argparse.Namespace) -> int:
             MPI.Request.Waitall(requests)
 
         small_pages = [torch.zeros(b.flat.numel()).numpy() for b in blocking.buckets]
+        idle = GradAllreducer(copy.deepcopy(model), _Idle(), call_mb=1e6, **sized)
 
         def raw_small_pages() -> None:
             for buffer in small_pages:
@@ -131,28 +134,56 @@ def _as_rank(args: argparse.Namespace) -> int:
         sides = {"fused": step(reducer), "fused blocking": step(blocking), **settings,
                  DIAG_HOOK_DIVISION: step(in_hooks, loss_divided=False),
                  DIAG_AVERAGING: division, DIAG_IALLREDUCE: raw_nonblocking,
-                 DIAG_SMALL_PAGES: raw_small_pages}
+                 DIAG_SMALL_PAGES: raw_small_pages, DIAG_PYTHON: step(idle)}
         values: dict[str, list[float]] = {s: [] for s in sides}
         warm = {s: timed(sides[s]) for s in sides}   # warm-up round
         # a trial lasts about --trial-ms: short exchanges are repeated, so that one late
         # wake-up of a rank does not decide a trial (at most 32 calls: the sums double)
         calls = comm.bcast(max(1, min(32, round(args.trial_ms / 1e3 / min(
             warm[k] for k in settings)))), root=0)
+        fastest = comm.bcast(min(settings, key=warm.__getitem__), root=0)
+
+        def python_then_raw() -> None:   # the ceiling for an engine with these hooks
+            step(idle)()
+            settings[fastest]()
+
+        sides[DIAG_PYTHON_RAW] = python_then_raw
+        values[DIAG_PYTHON_RAW] = []
+        timed(python_then_raw)
         while len(values["fused"]) < args.trials:
             for s in alternating_order(list(sides), 2):   # one round: A B .. B A
                 values[s].append(timed(sides[s]))
             raw[:] = raw0   # the sums double the values: back to small normal floats
-            for r in (reducer, blocking, in_hooks):
+            for r in (reducer, blocking, in_hooks, idle):
                 for bucket, first in zip(r.buckets, initial):
                     bucket.flat.copy_(first)
         out[name] = {"bytes": nbytes, "tensors": len(list(model.parameters())),
                      "buckets": len(reducer.buckets), "progress": reducer.progress,
+                     "call_bytes": {side: [st.chunk * st.flat.element_size()
+                                           for st in r.streams]
+                                    for side, r in (("fused", reducer),
+                                                    ("fused blocking", blocking))},
                      "calls_per_trial": calls, "seconds": values}
-        for r in (reducer, blocking, in_hooks):
+        for r in (reducer, blocking, in_hooks, idle):
             r.close()
     if comm.rank == 0:
         print(json.dumps(out))
     return 0
+
+
+class _Idle:
+    """A 2-rank transport that sends nothing: what is left is the engine's own work."""
+
+    name, size, progress = "idle", 2, "hook"
+
+    def blocking(self, flat) -> None:
+        pass
+
+    def barrier(self) -> None:
+        pass
+
+    def agree(self, value):
+        return value
 
 
 def _best_raw(secs: dict[str, list[float]]) -> str:
@@ -168,7 +199,7 @@ def _rows(runs: list[dict]) -> list[Row]:
         r = results[0]
         secs = {k: [x for res in results for x in res["seconds"][k]] for k in r["seconds"]}
         best = _best_raw(secs)
-        ms = {k: f"{_median(v) * 1e3:.1f} ms" for k, v in secs.items()}
+        ms = {k: f"{_median(v) * 1e3:.2f} ms" for k, v in secs.items()}
         for fused, how, diag in (
                 ("fused", f"default, progress {r['progress']}",
                  f"raw MPI_Iallreduce of 4 MB chunks {ms[DIAG_IALLREDUCE]}"),
@@ -177,7 +208,9 @@ def _rows(runs: list[dict]) -> list[Row]:
                     f"divided in the hooks {ms[DIAG_HOOK_DIVISION]}; a division pass over the "
                     f"arena alone {ms[DIAG_AVERAGING]}" + (f"; {diag}" if diag else "")
                     + f"; for scale, the same bucket sizes in separate torch allocations "
-                    f"(no huge pages) {ms[DIAG_SMALL_PAGES]}")
+                    f"(no huge pages) {ms[DIAG_SMALL_PAGES]}; the fused step's own work with "
+                    f"a transport that sends nothing {ms[DIAG_PYTHON]}, and that work followed "
+                    f"by the fastest raw setting's calls {ms[DIAG_PYTHON_RAW]}")
             rows.append(Row.across_runs(
                 f"allreduce-{name}-{fused.replace(' ', '-')}",
                 f"{name} gradients ({r['bytes'] / 1e6:.1f} MB, {r['buckets']} bucket(s), "
@@ -254,6 +287,7 @@ def main() -> int:
                 "bucket_mb": args.bucket_mb or DEFAULT_BUCKET_MB,
                 "largest_call_bytes": CHUNK_BYTES,
                 "progress": {n: r["progress"] for n, r in runs[0].items()},
+                "call_bytes_chosen": {n: [run[n]["call_bytes"] for run in runs] for n in runs[0]},
                 "calls_per_trial": {n: [run[n]["calls_per_trial"] for run in runs]
                                     for n in runs[0]}}
     path = write_result("allreduce_bw", info, rows, {"launches": runs}, settings,

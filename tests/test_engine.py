@@ -170,6 +170,103 @@ def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     reducer.close()
 
 
+class _Recorder:
+    """A 2-rank MPI-like transport that adds nothing: it records each blocking call as
+    (offset in the arena, elements) and whether every bucket the call covers was complete."""
+
+    name, size, progress = "recorder", 2, "hook"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, bool]] = []
+        self.agreed: list[int] = []
+        self.reducer = None
+
+    def blocking(self, flat) -> None:
+        lo, n = flat.storage_offset(), flat.numel()
+        covered = [b for b in self.reducer.buckets if b.flat.storage_offset() < lo + n
+                   and lo < b.flat.storage_offset() + b.flat.numel()] if self.reducer else []
+        self.calls.append((lo, n, all(b.ready == len(b.params) for b in covered)))
+
+    def barrier(self) -> None:
+        pass
+
+    def agree(self, value):
+        self.agreed.append(value)
+        return value
+
+
+def _linear_stack(width: int = 64, depth: int = 6):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
+
+
+def test_calls_follow_the_arena_once_the_buckets_they_cover_are_complete():
+    """With MPI's blocking calls the reducer reduces its arena in calls of ``call_mb``
+    that ignore bucket boundaries: during backward a call is made only when every bucket it
+    covers is complete, and after synchronize() the calls tile the arena exactly once, each
+    of the chunk size but the last. The control replays the hooks of a later bucket first:
+    no call is made until the first bucket completes too."""
+    import torch
+
+    from hpcai.training.allreduce import GradAllreducer
+
+    model = _linear_stack()
+    rec = _Recorder()
+    reducer = GradAllreducer(model, rec, bucket_mb=0.02, call_mb=0.01)
+    rec.reducer = reducer
+    (stream,) = reducer.streams
+    assert len(reducer.buckets) >= 3 and stream.chunk == int(0.01 * 2**20) // 4
+    reducer.backward(model(torch.randn(3, 64)).square().sum())
+    during = list(rec.calls)
+    reducer.synchronize()
+    base = stream.flat.storage_offset()
+    offsets = [lo - base for lo, _, _ in rec.calls]
+    sizes = [n for _, n, _ in rec.calls]
+    assert during and all(ok for _, _, ok in rec.calls)
+    assert offsets == list(range(0, stream.flat.numel(), stream.chunk))
+    assert sizes[:-1] == [stream.chunk] * (len(sizes) - 1) and sum(sizes) == stream.flat.numel()
+    assert reducer.stats.allreduces == len(sizes)
+    rec.calls.clear()
+    later = reducer.buckets[1]
+    for p in later.params:   # a later bucket complete first: nothing to send yet
+        reducer._on_grad(p)
+    assert later.ready == len(later.params) and rec.calls == []
+    for p in reducer.buckets[0].params:
+        reducer._on_grad(p)
+    assert rec.calls and all(ok for _, _, ok in rec.calls)
+    reducer.close()
+
+
+def test_call_size_is_measured_on_the_arena_and_agreed():
+    """Without ``call_mb`` the reducer times its arena's reduction at each candidate size
+    (1, 4, 16, 64 MiB below the arena's size, and the whole arena) and every rank takes
+    rank 0's choice; the arena's
+    contents (gradients already there) are kept. A small arena has one candidate, itself,
+    and nothing is timed (the control)."""
+    import torch
+
+    from hpcai.training.allreduce import CALIBRATION_ROUNDS, GradAllreducer
+
+    big = torch.nn.Linear(1024, 1536, bias=False)   # a 6 MiB arena: 1 MiB, 4 MiB or all
+    big.weight.grad = torch.randn_like(big.weight)
+    before = big.weight.grad.clone()
+    rec = _Recorder()
+    reducer = GradAllreducer(big, rec)
+    (stream,) = reducer.streams
+    total = stream.flat.numel()
+    repeat, chosen = rec.agreed   # timings repeated to about 2 ms each, then the choice
+    assert chosen == stream.chunk and stream.chunk in (2**18, 2**20, total)
+    per_round = sum(-(-total // n) for n in (2**18, 2**20, total))
+    assert 1 <= repeat <= 32 and len(rec.calls) == 1 + CALIBRATION_ROUNDS * repeat * per_round
+    assert torch.equal(big.weight.grad, before)
+    small = _Recorder()
+    GradAllreducer(_linear_stack(), small)
+    assert small.agreed == [] and small.calls == []
+    reducer.close()
+
+
 def test_a_bucket_closes_once_it_holds_the_limit():
     """Buckets fill in reverse order until they hold ``limit`` bytes or more, one dtype
     each: the small tensors between two large ones share a bucket with the next large one

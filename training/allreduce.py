@@ -85,6 +85,10 @@ class MpiTransport:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def agree(self, value):
+        """Rank 0's ``value``, on every rank."""
+        return self.comm.bcast(value, root=0)
+
     def poke(self, handles) -> None:
         """Let MPI progress outstanding requests (no progress thread in most MPIs)."""
         if handles:
@@ -162,9 +166,10 @@ def _grad_view(flat: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor
     return flat[offset:offset + p.numel()].view(p.shape)
 
 
-def _arenas(groups: list[list[torch.nn.Parameter]]) -> list[torch.Tensor]:
-    """One zeroed flat buffer per bucket, all buckets of a dtype slices of one allocation,
-    on the parameters' device.
+def _arenas(groups: list[list[torch.nn.Parameter]]
+            ) -> tuple[list[torch.Tensor], dict[torch.dtype, torch.Tensor]]:
+    """One zeroed flat buffer per bucket, all buckets of a dtype slices of one allocation
+    (the arena), on the parameters' device; and the arenas by dtype.
 
     The allocation is numpy's, which asks Linux for transparent huge pages
     (``madvise(MADV_HUGEPAGE)``) on large arrays; torch's allocator does not. Open MPI's
@@ -195,7 +200,7 @@ def _arenas(groups: list[list[torch.nn.Parameter]]) -> list[torch.Tensor]:
         dtype, n = group[0].dtype, sum(p.numel() for p in group)
         flats.append(arena[dtype][used[dtype]:used[dtype] + n])
         used[dtype] += n
-    return flats
+    return flats, arena
 
 
 @dataclass
@@ -209,11 +214,40 @@ class _Bucket:
     shares: list[bool] = field(default_factory=list)   # per parameter: arrived so divided
     arrived: list[bool] = field(default_factory=list)
     request: object = None    # a pending reduction (non-blocking progress); None when done
+    n: int = 0                # len(params)
+    end: int = 0              # where it ends in its arena (elements)
+    stream: "_Stream | None" = None   # its arena's stream, where calls follow the arena
 
     def reset(self) -> None:
-        n = len(self.params)
+        n = self.n = len(self.params)
         self.ready, self.divided, self.request = 0, 0, None
         self.shares, self.arrived = [False] * n, [False] * n
+
+
+@dataclass
+class _Stream:
+    """One dtype's arena, reduced in calls of ``chunk`` elements regardless of where buckets
+    end: a call is made once every bucket it covers is complete (buckets complete in arena
+    order, as backward produces them; one that completes early waits for those before it).
+    The calls are then those of a raw ``MPI_Allreduce`` of the arena in chunks."""
+
+    flat: torch.Tensor
+    buckets: list[_Bucket]
+    chunk: int
+    done: int = 0             # buckets complete, counted in order from the first
+    sent: int = 0             # elements reduced
+
+    def reset(self) -> None:
+        self.done = self.sent = 0
+
+
+# Call sizes a stream tries on its arena when the reducer is made (rank 0's fastest is used
+# by all ranks): which one is fastest differs between MPIs and even between launches of one
+# MPI on one machine (bench/allreduce_bw.py, 2 ranks: Open MPI's ResNet50 set was fastest as
+# 4 MB calls in three launches and as one call in a fourth; MPICH's as 16 MB calls in six of
+# eight launches, 4 MB in two). The whole arena is always a candidate.
+CALL_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+CALIBRATION_ROUNDS = 3
 
 
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
@@ -256,11 +290,17 @@ class GradAllreducer:
     ``progress``: ``hook`` or ``nonblocking`` (see :data:`PROGRESS`); None picks the
     transport's (MPI: by family; gloo and Horovod progress on their own threads, so
     ``nonblocking``). Ignored with ``overlap=False``.
+
+    With MPI on the CPU, blocking calls (``hook`` progress, or ``overlap=False``) follow the
+    arena, not the buckets (:class:`_Stream`): calls of ``call_mb``, or, when None, of the
+    size that reduced this arena fastest when the reducer was made (:data:`CALL_BYTES`,
+    tried :data:`CALIBRATION_ROUNDS` times each on every rank; rank 0's choice holds).
+    Making such a reducer is then collective: every rank makes it.
     """
 
     def __init__(self, module: torch.nn.Module, transport, *,
                  bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
-                 progress: str | None = None) -> None:
+                 progress: str | None = None, call_mb: float | None = None) -> None:
         self.transport = transport
         self.size = transport.size
         self.overlap = overlap and self.size > 1
@@ -268,8 +308,9 @@ class GradAllreducer:
         if self.progress not in ("hook", "nonblocking"):
             raise ValueError(f"progress must be 'hook' or 'nonblocking', not {self.progress!r}")
         self.stats = SyncStats()
-        self.buckets = self._make_buckets(
+        self.buckets, arenas = self._make_buckets(
             [p for p in module.parameters() if p.requires_grad], int(bucket_mb * 2**20))
+        self.streams = self._streams(arenas, call_mb)
         self._arrivals = {id(p): (b, i, v) for b in self.buckets
                           for i, (p, v) in enumerate(zip(b.params, b.views))}
         self._pending: list = []
@@ -280,12 +321,66 @@ class GradAllreducer:
                              for bucket in self.buckets for p in bucket.params]
 
     @staticmethod
-    def _make_buckets(params: list[torch.nn.Parameter], limit: int) -> list[_Bucket]:
+    def _make_buckets(params: list[torch.nn.Parameter], limit: int
+                      ) -> tuple[list[_Bucket], dict[torch.dtype, torch.Tensor]]:
         groups = plan_buckets([p.numel() * p.element_size() for p in params],
                               [p.dtype for p in params], limit)
-        arenas = _arenas([[params[i] for i in group] for group in groups])
-        return [GradAllreducer._bucket([params[i] for i in group], flat)
-                for group, flat in zip(groups, arenas)]
+        flats, arenas = _arenas([[params[i] for i in group] for group in groups])
+        buckets = [GradAllreducer._bucket([params[i] for i in group], flat)
+                   for group, flat in zip(groups, flats)]
+        for bucket in buckets:
+            arena = arenas[bucket.flat.dtype]
+            bucket.end = (bucket.flat.storage_offset() - arena.storage_offset()
+                          + bucket.flat.numel())
+        return buckets, arenas
+
+    def _streams(self, arenas: dict[torch.dtype, torch.Tensor],
+                 call_mb: float | None) -> list[_Stream]:
+        """The arenas whose calls follow the arena: MPI's blocking calls on the CPU."""
+        if (self.size == 1 or not hasattr(self.transport, "agree")
+                or (self.overlap and self.progress != "hook")):
+            return []
+        streams = []
+        for dtype, arena in arenas.items():
+            if arena.device.type != "cpu" or arena.numel() == 0:
+                continue
+            mine = [b for b in self.buckets if b.flat.dtype == dtype]
+            item = arena.element_size()
+            chunk = (max(1, int(call_mb * 2**20) // item) if call_mb
+                     else self._calibrate(arena))
+            stream = _Stream(arena, mine, min(chunk, arena.numel()))
+            for bucket in mine:
+                bucket.stream = stream
+            streams.append(stream)
+        return streams
+
+    def _calibrate(self, arena: torch.Tensor) -> int:
+        """Elements per call: of :data:`CALL_BYTES` and the whole arena, the size that
+        reduced ``arena`` fastest on rank 0 (best of :data:`CALIBRATION_ROUNDS`, sizes in
+        alternating order; a small arena is reduced several times per timing, to about
+        2 ms); the arena's contents are kept."""
+        total, item = arena.numel(), arena.element_size()
+        sizes = [b // item for b in CALL_BYTES if b // item < total] + [total]
+        if len(sizes) == 1:
+            return total
+        kept = arena.clone()
+
+        def timed(n: int, repeat: int) -> float:
+            self.transport.barrier()
+            start = time.perf_counter()
+            for _ in range(repeat):
+                for lo in range(0, total, n):
+                    self.transport.blocking(arena[lo:lo + n])
+            return (time.perf_counter() - start) / repeat
+
+        once = timed(total, 1)
+        repeat = self.transport.agree(max(1, min(32, round(2e-3 / max(once, 1e-6)))))
+        best = dict.fromkeys(sizes, float("inf"))
+        for round_ in range(CALIBRATION_ROUNDS):
+            for n in (sizes if round_ % 2 == 0 else sizes[::-1]):
+                best[n] = min(best[n], timed(n, repeat))
+        arena.copy_(kept)
+        return self.transport.agree(min(sizes, key=best.__getitem__))
 
     @staticmethod
     def _bucket(params: list[torch.nn.Parameter], flat: torch.Tensor) -> _Bucket:
@@ -317,23 +412,26 @@ class GradAllreducer:
 
     # -- the backward hook ----------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
+        # runs once per parameter and step: kept to a few lookups
         bucket, i, view = self._arrivals[id(param)]
         grad = param.grad
         if grad is not view and grad.data_ptr() != view.data_ptr():
             view.copy_(grad)   # replaced (zero_grad(set_to_none=True)): copied in once
             param.grad = view
-        if bucket.arrived[i]:
+        arrived = bucket.arrived
+        if arrived[i]:
             self._accumulated = True
             return
-        bucket.arrived[i] = True
-        bucket.ready += 1
+        arrived[i] = True
         if _loss_divided_by == self.size:
             bucket.shares[i] = True
             bucket.divided += 1
-        if bucket.ready == len(bucket.params):
+        bucket.ready += 1
+        if bucket.ready == bucket.n:
             self._complete(bucket)
         if self._pending:
             self.transport.poke(self._pending)
+
     def _complete(self, bucket: _Bucket) -> None:
         """This rank's gradients of ``bucket`` are final: scale them to its share of the mean
         (while backward just wrote them, unless the loss was divided) and, overlapping,
@@ -346,8 +444,26 @@ class GradAllreducer:
                 if not share:
                     view.div_(self.size)
         if self.overlap:
-            self._reduce(bucket)
+            if bucket.stream is not None:
+                self._advance(bucket.stream, final=False)
+            else:
+                self._reduce(bucket)
         self.stats.wait_s += time.perf_counter() - start   # the main thread's, in backward
+
+    def _advance(self, stream: _Stream, final: bool) -> None:
+        """Reduce the stream's complete chunks: those its complete leading buckets cover
+        (``final``: also the last, shorter one)."""
+        buckets = stream.buckets
+        while stream.done < len(buckets) and buckets[stream.done].ready == buckets[stream.done].n:
+            stream.done += 1
+        upto = buckets[stream.done - 1].end if stream.done else 0
+        item = stream.flat.element_size()
+        while upto - stream.sent >= stream.chunk or (final and stream.sent < upto):
+            n = min(stream.chunk, upto - stream.sent)
+            self.transport.blocking(stream.flat[stream.sent:stream.sent + n])
+            self.stats.allreduces += 1
+            self.stats.bytes += n * item
+            stream.sent += n
 
     def _reduce(self, bucket: _Bucket) -> None:
         self.stats.allreduces += 1
@@ -406,13 +522,18 @@ class GradAllreducer:
             self.transport.barrier()   # separates load imbalance from transfer time
             self.stats.imbalance_s += time.perf_counter() - arrived
             for bucket in self.buckets:
-                self._reduce(bucket)
+                if bucket.stream is None:
+                    self._reduce(bucket)
+        for stream in self.streams:
+            self._advance(stream, final=True)
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
 
     def _reset(self) -> None:
         for bucket in self.buckets:
             bucket.reset()
+        for stream in self.streams:
+            stream.reset()
         self._pending = []
         self._accumulated = False
 
