@@ -267,6 +267,31 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     reducer.close()
 
 
+@pytest.mark.parametrize("mpi, extra, want", [
+    ("openmpi", ["--call-mb", "0.3"], "ok"), ("mpich", ["--call-mb", "0.3"], "ok"),
+    ("openmpi", [], "ok"), ("openmpi", ["--call-mb", "0.3", "--no-sync"], "FAIL")],
+    ids=["openmpi-0.3MiB", "mpich-0.3MiB", "openmpi-measured", "no-synchronize (control)"])
+def test_calls_that_cross_buckets_give_the_exact_mean(mpi, extra, want):
+    """2 ranks on a real MPI: the arena (4 buckets, about 2.6 MiB) reduced in 0.3 MiB calls
+    that cross bucket boundaries, or in the measured call size (the same on both ranks),
+    leaves every gradient the exact mean, in ceil(arena / call) calls. The control leaves
+    out synchronize(): the last, shorter call is never made, and the mean is wrong."""
+    result = run(["hpcai-launch", "--mpi", mpi, "-N", "2", "--oversubscribe", "--",
+                  "python", str(PROGRAMS / "streamed_allreduce.py"), *extra], base_env(),
+                 timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [ln.split() for ln in result.stdout.splitlines() if ln.endswith(("ok", "FAIL"))]
+    assert len(lines) == 2 and {ln[2] for ln in lines} == {want}, result.stdout
+    chunk, calls = int(lines[0][0]), int(lines[0][1])
+    total = sum(400 * 400 + 400 for _ in range(4))
+    if "--no-sync" in extra:
+        assert calls == total // chunk
+    else:
+        assert calls == -(-total // chunk) and lines[0][:2] == lines[1][:2]
+    if extra[:1] == ["--call-mb"]:
+        assert chunk == int(0.3 * 2**20) // 4
+
+
 def test_a_bucket_closes_once_it_holds_the_limit():
     """Buckets fill in reverse order until they hold ``limit`` bytes or more, one dtype
     each: the small tensors between two large ones share a bucket with the next large one
