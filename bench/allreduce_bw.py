@@ -191,13 +191,19 @@ def _best_raw(secs: dict[str, list[float]]) -> str:
     return min(raws, key=lambda k: _median(raws[k]))
 
 
+def _pooled(runs: list[dict], name: str) -> dict[str, list[float]]:
+    """Every side's seconds for model ``name``, all launches' trials together."""
+    return {k: [x for run in runs for x in run[name]["seconds"][k]]
+            for k in runs[0][name]["seconds"]}
+
+
 def _rows(runs: list[dict]) -> list[Row]:
     """The target rows of ``runs`` (each a launch's ``{model: result}``), pooled."""
     rows = []
     for name in runs[0]:
         results = [run[name] for run in runs]
         r = results[0]
-        secs = {k: [x for res in results for x in res["seconds"][k]] for k in r["seconds"]}
+        secs = _pooled(runs, name)
         best = _best_raw(secs)
         ms = {k: f"{_median(v) * 1e3:.2f} ms" for k, v in secs.items()}
         for fused, how, diag in (
@@ -267,8 +273,7 @@ def main() -> int:
         if len(runs) >= args.runs and all(row.verdict != "unresolved" for row in rows):
             break
     for name in runs[0]:
-        secs = {k: [x for run in runs for x in run[name]["seconds"][k]]
-                for k in runs[0][name]["seconds"]}
+        secs = _pooled(runs, name)
         nbytes = runs[0][name]["bytes"]
         for k, v in secs.items():
             med = _median(v)
