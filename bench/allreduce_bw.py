@@ -20,13 +20,13 @@ division pass over the arena alone; raw ``MPI_Iallreduce`` of 4 MB chunks, all s
 one ``Waitall``; and ``MPI_Allreduce`` of the engine's bucket sizes in separate
 ``torch.zeros`` buffers (no huge pages). Each row's note gives their medians.
 
-Trials run in rounds until every row's 95 % interval lies on one side of the target (the
-interval narrower than the distance from the median to the target), at least
-``--min-trials`` and at most ``--max-trials`` per side; ``--trials N`` runs exactly N.
-Record the load: run it on a quiet machine.
+Each launch is a fresh 2-rank job of ``--trials`` trials per side. Launches go on until
+every row's 95 % interval lies on one side of the target, at least ``--runs`` and at most
+``--max-runs``; the interval counts the launches as the units that vary
+(``common.launch_stats``). Record the load: run it on a quiet machine.
 
-    python bench/allreduce_bw.py --min-trials 20 --max-trials 200 --json out.json
-    python bench/allreduce_bw.py --trials 20            (fixed count; bench/results/)
+    python bench/allreduce_bw.py --mpi openmpi           (bench/results/)
+    python bench/allreduce_bw.py --runs 4 --max-runs 12 --trials 20 --json out.json
     python bench/allreduce_bw.py --progress nonblocking (the other progress strategy)
     (launches itself, 2 ranks, with hpcai-launch; --mpi openmpi|mpich|intel picks the MPI)
 """
@@ -237,7 +237,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=20, help="trials per side in one launch")
     parser.add_argument("--runs", type=int, default=4,
                         help="launches at least (each a fresh 2-rank job)")
-    parser.add_argument("--max-runs", type=int, default=10,
+    parser.add_argument("--max-runs", type=int, default=12,
                         help="launches at most, while a row is unresolved")
     parser.add_argument("--trial-ms", type=float, default=20.0,
                         help="a trial repeats an exchange until it lasts about this long")

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import random
 import shutil
 import socket
 import statistics
@@ -101,6 +102,29 @@ class RatioStats:
                    interval=interval, coverage=coverage)
 
 
+def launch_stats(runs: Sequence[Sequence[float]], resamples: int = 4000,
+                 level: float = 0.95) -> RatioStats:
+    """The statistics of values pooled over several launches (``runs``: one list per
+    launch), with an interval for the pooled median that counts the launches as the units
+    that vary: a two-stage bootstrap (launches drawn with replacement, then each drawn
+    launch's own values), percentile interval, fixed seed. Values within one launch share
+    its placement and memory, so an interval over the pooled values alone can be narrower
+    than the spread between launches."""
+    pooled = RatioStats.of_values([x for run in runs for x in run])
+    if len(runs) < 3:
+        return RatioStats(pooled.n, pooled.median, pooled.low, pooled.high, None, 0.0)
+    rng = random.Random(0)
+    medians = []
+    for _ in range(resamples):
+        drawn = [x for run in rng.choices(runs, k=len(runs))
+                 for x in rng.choices(run, k=len(run))]
+        medians.append(statistics.median(drawn))
+    medians.sort()
+    tail = (1 - level) / 2
+    interval = (medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1])
+    return RatioStats(pooled.n, pooled.median, pooled.low, pooled.high, interval, level)
+
+
 def _median_interval_rank(n: int, level: float = 0.95) -> tuple[int, float]:
     """The largest k with [x_(k), x_(n+1-k)] covering the median with probability >= level,
     and that coverage; (0, coverage of [min, max]) when even that is below level."""
@@ -156,23 +180,16 @@ class Row:
     def across_runs(cls, key: str, label: str, op: str, target: float,
                     runs: Sequence[tuple[Sequence[float], Sequence[float]]],
                     note: str = "") -> "Row":
-        """The row of ratios a_i / b_i pooled over several independent runs (``runs``: one
-        ``(a, b)`` per launch). Trials within one launch share its placement and memory, so
-        their interval can be narrower than the spread between launches: the pooled
-        verdict stands only when every launch's own median ratio lies on the same side of
-        the target, else the row is 'unresolved'. The note lists the launches' medians."""
-        a = [x for run in runs for x in run[0]]
-        b = [y for run in runs for y in run[1]]
-        row = cls.measured(key, label, op, target, a, b, note)
-        medians = [RatioStats.of(*run).median for run in runs]
-        ok = (lambda x: x <= target) if op == "<=" else (lambda x: x >= target)
-        sides = {ok(m) for m in medians}
-        verdict_ = row.verdict
-        if verdict_ in ("met", "missed") and sides != {verdict_ == "met"}:
-            verdict_ = "unresolved"
-        each = "median ratio per launch: " + ", ".join(f"{m:.3f}" for m in medians)
-        return cls(key, label, op, target, row.stats, verdict_,
-                   f"{row.note}; {each}" if row.note else each)
+        """The row of ratios a_i / b_i over several independent launches (``runs``: one
+        ``(a, b)`` per launch): the pooled median, judged on the interval of
+        :func:`launch_stats`, which counts the spread between launches. The note lists the
+        launches' medians."""
+        ratios = [[x / y for x, y in zip(a, b)] for a, b in runs]
+        stats = launch_stats(ratios)
+        each = "median ratio per launch: " + ", ".join(
+            f"{statistics.median(r):.3f}" for r in ratios)
+        return cls(key, label, op, target, stats, verdict(stats, op, target),
+                   f"{note}; {each}" if note else each)
 
     @classmethod
     def report(cls, key: str, label: str, a: Sequence[float], b: Sequence[float],

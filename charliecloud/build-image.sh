@@ -178,6 +178,9 @@ project_layer() {
     die "installing the hpcai package into the image failed" "see the pip output above"
   }
   rm -rf "$IMG$stage" "$IMG$stage.log"
+  # The mount point of the host's FLOP counts (containerplan.flop_cache); in this layer, not
+  # with MOUNT_POINTS, so that adding it did not rebuild the base layer.
+  mkdir -p "$IMG/opt/hpcai/cache/flops"
 }
 
 # ---------------------------------------------------------------- hashes

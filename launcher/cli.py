@@ -276,6 +276,10 @@ def check_training_command(options: Options):
     ``train`` is theirs). Returns the command's ``TrainConfig``, or None."""
     import shutil
 
+    from ..training.command import train_arguments
+
+    if train_arguments(options.command) is None:   # not hpcai's training: nothing to check
+        return None
     from ..training.preflight import preflight
 
     bare = options.container is None or options.runtime == "none"

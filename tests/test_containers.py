@@ -18,6 +18,7 @@ import pytest
 
 from conftest import FLAVOURS, run
 from fakeimages import fake_image as _fake_image
+from fakeimages import startup_image
 from rankcheck import assert_one_world, load_ranks
 from test_image import image, image_env, pytestmark  # noqa: F401 - fixture and marks
 from validate_controls import HEALTHY, shared_scenario
@@ -213,13 +214,14 @@ def test_mpirun_sweep_point_runs_in_the_container(image, tmp_path):
     --bind and --oversubscribe and trained on the host)."""
     if "openmpi" not in FLAVOURS:
         pytest.skip("needs host Open MPI")
-    results = tmp_path / "results"
+    results, cache = tmp_path / "results", tmp_path / "cache"
     result = run(["hpcai-launch", "sweep", "--launcher", "mpirun", "--nodes", "1",
                   "--ranks-per-node", "2", "--threads-per-rank", "1", "--mpi", "openmpi",
                   "--container", str(image), "--bind", str(tmp_path), "--results",
                   str(results), "--", "train", "resnet-tiny", "--image-size", "32",
                   "--classes", "10", "--samples", "32", "--batch-size", "4", "--epochs", "1",
-                  "--peak-gflops", "50"], image_env(), cwd=tmp_path, timeout=600)
+                  "--peak-gflops", "50"], image_env(HPCAI_CACHE=str(cache)), cwd=tmp_path,
+                 timeout=600)
     point = results / "N1-R2-T1-rep0"
     log = (point / "run.log").read_text() if (point / "run.log").exists() else ""
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:] + log[-3000:]
@@ -228,3 +230,24 @@ def test_mpirun_sweep_point_runs_in_the_container(image, tmp_path):
     libmpi = record["provenance"]["libmpi"]
     assert libmpi and libmpi.startswith(HOST_LIB), libmpi    # in the image, host MPI bound
     assert record["provenance"]["world_size"] == 2
+    # the ranks in the image counted the model's FLOPs into the host's cache (bound at
+    # /opt/hpcai/cache/flops), so the next start, bare or in the image, reads the count
+    counts = [json.loads(f.read_text()) for f in (cache / "flops").glob("*.json")]
+    assert len(counts) == 1 and counts[0]["flops_per_sample"] > 0, counts
+
+
+def test_flop_counts_are_not_bound_into_an_image_without_the_mount_point(image, tmp_path):
+    """The control of the bind above: an image without /opt/hpcai/cache/flops gets no bind
+    (ch-run cannot bind onto a missing directory), and the plan says counts are not kept."""
+    plans = {}
+    for name, img in (("built", image),
+                      ("bare", startup_image(tmp_path / "img"))):
+        out = run(["hpcai-launch", "-N", "2", "--container", str(img), "--dry-run", "--json",
+                   "--", *PROBE], image_env(HPCAI_CACHE=str(tmp_path / "cache")), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        plans[name] = json.loads(out.stdout)["container"]
+    assert plans["built"]["flop_cache"] == str(tmp_path / "cache" / "flops")
+    assert plans["bare"]["flop_cache"] is None
+    assert any(c.startswith("FLOP counts: counted at every start")
+               for c in plans["bare"]["checks"]), plans["bare"]["checks"]
+    assert not (tmp_path / "cache").exists(), "a dry run must not make the cache"

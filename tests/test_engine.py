@@ -244,7 +244,7 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     (1, 4, 16, 64 MiB below the arena's size, and the whole arena) and every rank takes
     rank 0's choice; the arena's
     contents (gradients already there) are kept. A small arena has one candidate, itself,
-    and nothing is timed (the control)."""
+    and nothing is timed (the control), as for Intel MPI, whose calls are at most 1 MiB."""
     import torch
 
     from hpcai.training.allreduce import CALIBRATION_ROUNDS, GradAllreducer
@@ -264,6 +264,10 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     small = _Recorder()
     GradAllreducer(_linear_stack(), small)
     assert small.agreed == [] and small.calls == []
+    intel = _Recorder()   # a family that splits calls above 1 MiB itself: 1 MiB, untimed
+    intel.family = "intel"
+    (capped,) = GradAllreducer(big, intel).streams
+    assert intel.agreed == [] and intel.calls == [] and capped.chunk == 2**18
     reducer.close()
 
 

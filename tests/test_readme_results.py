@@ -161,6 +161,23 @@ def test_interval_needs_six_trials_and_whole_interval_decides():
     assert common.verdict(ten, ">=", 0.9) == "missed"
 
 
+def test_launches_are_the_units_of_the_across_launch_interval():
+    """Eight launches of 20 trials each, every launch tight around its own level. When the
+    launches agree, the row resolves; when their levels spread across the target, the pooled
+    trials alone would still give a narrow interval below it, but the launch-level one
+    straddles the target (the control: 'unresolved', not 'missed')."""
+    def launches(levels):
+        return [([lv + 0.001 * (i % 5) for i in range(20)], [1.0] * 20) for lv in levels]
+    agree = common.Row.across_runs("k", "l", ">=", 0.95, launches([0.90, 0.91] * 4))
+    assert agree.verdict == "missed" and agree.stats.interval[1] < 0.95
+    spread = launches([0.80, 0.85, 0.90, 0.99, 0.84, 0.88, 1.02, 0.86])
+    pooled = common.RatioStats.of([x for a, _ in spread for x in a], [1.0] * 160)
+    assert common.verdict(pooled, ">=", 0.95) == "missed"
+    row = common.Row.across_runs("k", "l", ">=", 0.95, spread)
+    assert row.verdict == "unresolved" and row.stats.interval[1] > 0.95, row.stats
+    assert "median ratio per launch: 0.802, 0.852" in row.note
+
+
 def test_negative_baseline_is_invalid_not_met():
     row = common.Row.measured("k", "l", "<=", 0.5, [0.1] * 6, [-0.2] * 6)
     assert row.verdict == "invalid" and "baseline" in row.note

@@ -358,7 +358,7 @@ def test_startup_site_profile_node_local_job_dir(tmp_path):
         assert f"rank {rank} 1" in result.stdout
         planned[rank] = "hpcai.launcher.planning.plan" in _wrapper_imports(result.stderr)
     assert planned == {0: True, 1: False, 2: True, 3: False}
-    plans = sorted(p.name for p in (tmp_path / "scratch" / "hpcai-jobs").iterdir())
+    plans = sorted(p.name for p in (tmp_path / "scratch" / "hpcai-jobs").glob("plan-*"))
     host = socket.gethostname()
     assert plans == [f"plan-slurm_{job}.0_{host}-0.json", f"plan-slurm_{job}.0_{host}-1.json"]
     assert not (tmp_path / "jobs").exists()
@@ -383,7 +383,7 @@ def test_startup_bad_job_dir_in_the_site_profile_is_an_error(tmp_path, bad, why)
 
 def test_startup_planner_prunes_old_plans(tmp_path):
     """Plans (and left-over temporaries) older than a day go; a fresh one of another job,
-    the control, stays."""
+    the control, stays. The directory is scanned at most hourly (its ``.pruned`` stamp)."""
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     old = [jobs / "plan-slurm_1.0.json", jobs / "plan-slurm_2.0.json.n1.77.tmp"]
@@ -400,7 +400,18 @@ def test_startup_planner_prunes_old_plans(tmp_path):
     first = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 0, job), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     left = sorted(p.name for p in jobs.iterdir())
-    assert left == sorted([fresh.name, f"plan-slurm_{job}.0.json", other.name])
+    assert left == sorted([fresh.name, f"plan-slurm_{job}.0.json", other.name, ".pruned"])
+    # at most hourly: within the hour another old plan stays; once the stamp is older, it goes
+    late = jobs / "plan-slurm_4.0.json"
+    late.write_text("{}")
+    os.utime(late, (two_days_ago, two_days_ago))
+    for stamp_age, stays in ((0, True), (2 * 3600, False)):
+        then = time.time() - stamp_age
+        os.utime(jobs / ".pruned", (then, then))
+        again = run(["hpcai-launch", *OUT_ARGV], _rank_env(tmp_path, 0, _job(tmp_path)),
+                    cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert late.exists() == stays, (stamp_age, sorted(p.name for p in jobs.iterdir()))
 
 
 def test_startup_node_local_job_dir_stages_the_host_libraries_there(tmp_path):

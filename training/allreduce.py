@@ -355,14 +355,18 @@ class GradAllreducer:
         return streams
 
     def _calibrate(self, arena: torch.Tensor) -> int:
-        """Elements per call: of :data:`CALL_BYTES` and the whole arena, the size that
+        """Elements per call: of :data:`CALL_BYTES` and the whole arena (those up to the
+        family's :data:`CHUNK_BYTES`, where it has one), the size that
         reduced ``arena`` fastest on rank 0 (best of :data:`CALIBRATION_ROUNDS`, sizes in
         alternating order; a small arena is reduced several times per timing, to about
         2 ms); the arena's contents are kept."""
         total, item = arena.numel(), arena.element_size()
         sizes = [b // item for b in CALL_BYTES if b // item < total] + [total]
+        cap = CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0) // item
+        if cap:   # the transport splits larger calls itself: only the sizes it would make
+            sizes = [n for n in sizes if n <= cap] or [min(cap, total)]
         if len(sizes) == 1:
-            return total
+            return sizes[0]
         kept = arena.clone()
 
         def timed(n: int, repeat: int) -> float:

@@ -13,12 +13,12 @@ import argparse
 import importlib
 import importlib.util
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 from ..core.errors import UserError
+from .command import TRAIN_PROGRAMS, train_arguments
 from ..models.gan3d_spec import LOSS_WEIGHTS
 from . import recipes
 from .schedule import DECAYS
@@ -39,8 +39,6 @@ VALIDATE_EVERY, VALIDATE_EVENTS = 1, 256   # 3dgan physics validation
 DEVICES = ("cpu", "cuda")
 VALIDATE_BN = ("moving", "standing")   # 3dgan: --validate-bn
 PRECISIONS = ("fp32", "tf32", "bf16")   # --precision: torch_trainer.precision_settings
-TRAIN_PROGRAMS = ("train", "hpcai-train")
-TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")
 
 
 @dataclass(frozen=True)
@@ -411,20 +409,6 @@ def check_numbers(cfg: TrainConfig) -> None:
     if cfg.stall_timeout is not None and not cfg.stall_timeout >= 0:
         raise UserError(f"--stall-timeout must be 0 (off) or positive, got {cfg.stall_timeout}",
                         "e.g. --stall-timeout 120, or leave it out for the automatic bound")
-
-
-def train_arguments(command: Sequence[str]) -> list[str] | None:
-    """The arguments of an hpcai training command (``train …``, ``hpcai-train …``,
-    ``python -m hpcai.training …``), or None for any other command."""
-    if not command:
-        return None
-    name = os.path.basename(command[0])
-    if name in TRAIN_PROGRAMS:
-        return list(command[1:])
-    if re.fullmatch(r"python[0-9.]*", name) and len(command) >= 3 and command[1] == "-m" \
-            and command[2] in TRAIN_MODULES:
-        return list(command[3:])
-    return None
 
 
 def check_command(command: Sequence[str], program: str | None = None) -> TrainConfig | None:

@@ -31,7 +31,8 @@ from ..mpi import flavours
 from ...core.cli import Parser, split_command
 from ...core.errors import UserError
 from ..node.placement import check_fits
-from ...training.config import check_command, train_arguments
+from ...training.command import train_arguments
+from ...training.config import check_command
 from ...training.preflight import preflight
 from ..container.containers import DEFAULT_RUNTIME, NO_RUNTIME
 from ..planning.options import Options, add_arguments

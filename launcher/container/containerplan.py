@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..mpi import abi, hostmpi, mpis
 from . import consumers, containers, hostlibs, matrix, nvdriver, preflight
-from .containers import HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
+from .containers import CACHE_MOUNT, FLOPS_MOUNT, HOST_MOUNT, WORK_MOUNT, Bind, ContainerSpec
 from ...core.errors import UserError
 from ..job.site import SiteProfile
 from ..mpi import pmi
@@ -49,6 +49,7 @@ class ContainerFacts:
     driver: nvdriver.Driver | None = None   # the host's NVIDIA driver, when it is bound
     driver_root: str = "/"                  # where ``driver``'s files are on this host
     driver_why: str = ""                    # why it is bound (or why not, with a driver)
+    flop_cache: str | None = None           # host directory bound read-write at FLOPS_MOUNT
 
     def device_binds(self) -> tuple[Bind, ...]:
         """The driver's /dev/nvidia* nodes, where the runtime does not bind the host's /dev
@@ -69,6 +70,7 @@ class ContainerFacts:
             "staged_host_libs": self.staged,
             "bound_libraries": [f"{lib.name} <- {lib.path}" for lib in self.libs],
             "checks": list(self.checks),
+            "flop_cache": self.flop_cache,
         }
         if self.driver is not None:
             out["gpu_driver"] = {**self.driver.to_dict(), "why": self.driver_why,
@@ -108,6 +110,10 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     found = image_has_command(image, command) if command else True
     helper = containers.get_runtime(runtime).read_only_helper
     has_helper = image_has_module(image, helper) if helper else False
+    flops = flop_cache(image, info.kind, cache_dir, stage)
+    checks.append(f"FLOP counts: host {flops} bound at {FLOPS_MOUNT}" if flops else
+                  f"FLOP counts: counted at every start (no mount point {FLOPS_MOUNT} "
+                  f"known in the {info.kind} image)")
     if host_libs:                       # the outer hpcai-launch staged them already
         if not Path(host_libs).is_dir():
             raise UserError(f"--host-libs {host_libs} does not exist",
@@ -116,7 +122,8 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
         return ContainerFacts(runtime, binary, image, info, None, host_libs,
                               tuple(staged_libs(Path(host_libs))), site, tuple(checks),
                               has_command=found, has_helper=has_helper, runtime_env=needs,
-                              driver=driver, driver_root=driver_root, driver_why=why)
+                              driver=driver, driver_root=driver_root, driver_why=why,
+                              flop_cache=flops)
     driver, why = choose_driver(gpu_driver, driver_root)
     driver_libs: list | None = [] if gpu_driver != "off" else None
     if driver is not None:
@@ -143,7 +150,8 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
                          else hostlibs.stage_dir(libs, cache))
         return ContainerFacts(runtime, binary, image, info, host, staged,
                               tuple(libs), site, tuple(checks), has_command=found,
-                              has_helper=has_helper, copied=stage, runtime_env=needs, **gpu)
+                              has_helper=has_helper, copied=stage, runtime_env=needs,
+                              flop_cache=flops, **gpu)
     if host is None:
         raise UserError("--bind-host-mpi, but no host MPI was found",
                         "load the MPI module, set MPI_HOME or I_MPI_ROOT, or pass --mpirun")
@@ -172,7 +180,21 @@ def gather(*, runtime: str, image: str, bind_host_mpi: bool | None, host_libs: s
     staged = str(hostlibs.stage(libs, cache) if stage else hostlibs.stage_dir(libs, cache))
     return ContainerFacts(runtime, binary, image, info, host, staged, tuple(libs), site,
                           tuple(checks), has_command=found, has_helper=has_helper,
-                          copied=stage, runtime_env=needs, **gpu)
+                          copied=stage, runtime_env=needs, flop_cache=flops, **gpu)
+
+
+def flop_cache(image: str, kind: str, cache_dir: str, make: bool) -> str | None:
+    """The host directory of FLOP counts (``<cache>/flops``, made when ``make``) to bind at
+    ``FLOPS_MOUNT``, so that ranks in the container count a model once, as bare ranks do;
+    None where the image cannot take the bind (a directory image without the mount point;
+    a SquashFS image, which cannot be looked into cheaply). Apptainer makes the mount point."""
+    if kind == "squash" or (kind == "dir"
+                            and not (Path(image) / FLOPS_MOUNT.lstrip("/")).is_dir()):
+        return None
+    path = Path(cache_dir).expanduser() / "flops"
+    if make:
+        path.mkdir(parents=True, exist_ok=True)
+    return str(path)
 
 
 def choose_driver(gpu_driver: str, root: str) -> tuple[nvdriver.Driver | None, str]:
@@ -242,6 +264,8 @@ def spec(facts: ContainerFacts, extra_binds: tuple[str, ...], cwd: str,
     if facts.staged:
         binds.append(Bind(facts.staged, HOST_MOUNT, read_only=True))
     binds.append(Bind(cwd, WORK_MOUNT, read_only=False))
+    if facts.flop_cache:
+        binds.append(Bind(facts.flop_cache, FLOPS_MOUNT, read_only=False))
     binds.extend(facts.device_binds())
     for text in facts.site.binds if facts.site else ():
         binds.append(parse_bind(text, read_only_default=True))    # site: host trees
@@ -286,6 +310,8 @@ def container_env(facts: ContainerFacts, env: dict[str, str]) -> dict[str, str]:
     """Env that points the ranks at the bound host libraries (paths inside the container),
     with the site's and what the runtime needs (``ContainerFacts.runtime_env``)."""
     out: dict[str, str] = dict(facts.runtime_env)
+    if facts.flop_cache:
+        out["HPCAI_CACHE"] = CACHE_MOUNT   # of which only flops/ is bound (read-write)
     if facts.site:
         out.update(facts.site.env)
     if not facts.staged:

@@ -26,6 +26,8 @@ from ...core.errors import UserError
 
 HOST_MOUNT = "/opt/hpcai/host"      # empty mount point in images built by charliecloud/
 WORK_MOUNT = "/opt/hpcai/work"      # the launch directory
+CACHE_MOUNT = "/opt/hpcai/cache"    # hpcai's cache inside (HPCAI_CACHE), of which only
+FLOPS_MOUNT = CACHE_MOUNT + "/flops"   # the FLOP counts are the host's, bound read-write
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ and writes a :class:`RankTemplate` - every local rank's binding and environment,
 job-wide environment and the command - as one JSON file in the job directory
 (:func:`job_dir`: ``HPCAI_JOB_DIR``, the site profile's ``job_dir``, or ``<cache>/jobs``,
 under the home directory and so shared between the nodes at a site), after removing plans
-older than a day (:func:`prune`). Every other rank waits for that file
+older than a day (:func:`prune`, at most hourly). Every other rank waits for that file
 (``HPCAI_PLAN_TIMEOUT`` seconds, default 120), checks its :class:`PlanKey` against itself,
 takes its local rank's entry and execs (:func:`hpcai.launcher.run.execute.run_rank`): no MPI
 detection, no ``ldconfig``, no library scans, and no import beyond this module,
@@ -48,6 +48,8 @@ FORMAT = 1
 DEFAULT_TIMEOUT_S = 120.0
 STALE_S = 120.0          # a plan older than this before the rank started is another job's
 KEEP_S = 86400.0         # planners remove plans older than this from the job directory
+PRUNE_EVERY_S = 3600.0   # at most this often (the mtime of PRUNED_STAMP there says when)
+PRUNED_STAMP = ".pruned"
 NODE_MARK = "\0node\0"   # stands for the node rank in the template's argv (argv has no NUL)
 JOB_MARK = "\0job\0"     # stands for the rank's job key (RankInfo.job_key) there
 PLAN_ENV = "HPCAI_PLAN"  # a plan prepared before the launch (plan-step, or the outer launcher)
@@ -248,8 +250,23 @@ def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def write(path: str, key: PlanKey, template: RankTemplate) -> None:
     """Write the plan atomically (readers never see half a file), after removing the job
-    directory's plans older than :data:`KEEP_S` (:func:`prune`)."""
-    prune(os.path.dirname(path), time.time())
+    directory's plans older than :data:`KEEP_S` (:func:`prune`) when the last removal was
+    more than :data:`PRUNE_EVERY_S` ago (the time of the directory's ``.pruned`` stamp): a
+    directory of thousands of plans takes tens of milliseconds to scan."""
+    directory, now = os.path.dirname(path), time.time()
+    stamp = os.path.join(directory, PRUNED_STAMP)
+    try:
+        due = os.stat(stamp).st_mtime < now - PRUNE_EVERY_S
+    except OSError:
+        due = True
+    if due:
+        prune(directory, now)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(stamp, "w"):
+                pass
+        except OSError:
+            pass
     _write(path, {"format": FORMAT, "written": time.time(), "key": _key_dict(key),
                   "template": {"ranks": [{"env": [list(kv) for kv in r.env],
                                           "bind_cpus": None if r.bind_cpus is None

@@ -49,13 +49,19 @@ from pathlib import Path
 from ...core.errors import UserError
 from .jobplan import JOB_DIR_SCOPES, SHARED
 
-try:
-    import tomllib
-except ModuleNotFoundError:      # Python 3.10
+
+
+def _toml():
+    """The TOML parser (imported when a profile is read: a launch without one needs none),
+    or None."""
     try:
-        import tomli as tomllib  # type: ignore[no-redef]
-    except ModuleNotFoundError:  # pragma: no cover
-        tomllib = None           # type: ignore[assignment]
+        import tomllib
+    except ModuleNotFoundError:      # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:  # pragma: no cover
+            return None
+    return tomllib
 
 MPI_LAUNCHERS = ("srun", "mpiexec")
 # Metadata operations per second of a site's shared file system, when its profile does not say:
@@ -124,6 +130,7 @@ class SiteProfile:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SiteProfile":
         path = os.fspath(path)
+        tomllib = _toml()
         if tomllib is None:  # pragma: no cover
             raise UserError(f"cannot read site profile {path}: no TOML parser",
                             "use Python >= 3.11, or pip install tomli")
