@@ -1,7 +1,7 @@
 """Shared fixtures: the MPI flavours on this machine, detected once, and a loopback env;
 the suite's own rules (tests/suite_rules.py): unmet requirements stop the session, and
-under run-tests.sh a skip fails unless it is a limit of the machine; and the fast tier's
-mark (tests/fast_tier.py)."""
+under run-tests.sh a skip fails unless it is a limit of the machine; the fast tier's
+mark (tests/fast_tier.py); and the files' order for the xdist workers (tests/suite_order.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,18 @@ _TESTBED = str(Path(__file__).resolve().parent.parent / "testbed")
 if _TESTBED not in sys.path:
     sys.path.insert(0, _TESTBED)
 
-from fast_tier import pytest_collection_modifyitems  # noqa: E402,F401
+from fast_tier import mark_fast_tier  # noqa: E402
 from rigenv import IMPI_ROOT, LOOPBACK, REPO, VENV_BIN, base_env, run  # noqa: E402,F401
+from suite_order import longest_first  # noqa: E402
 from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: E402,F401
                          pytest_sessionstart)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The fast tier's mark (tests/fast_tier.py), then the longest files first
+    (tests/suite_order.py)."""
+    mark_fast_tier(config, items)
+    longest_first(items)
 
 
 def blocked_env(shim: Path, *modules: str) -> dict[str, str]:

@@ -196,7 +196,9 @@ def is_fast(nodeid: str, entries: frozenset[str] | None = None) -> bool:
     return name in entries or f"{name}::{rest.split('[', 1)[0]}" in entries
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def mark_fast_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the listed tests ``fast``; a listed test that is marked as slow work stops the
+    session (``pytest.UsageError``)."""
     wrong = []
     for item in items:
         if is_fast(item.nodeid):

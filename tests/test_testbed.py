@@ -124,7 +124,7 @@ def _tier_run(tmp_path: Path, entries: set[str]):
     (tmp_path / "conftest.py").write_text(
         "import fast_tier\n"
         f"fast_tier.FAST = frozenset({sorted(entries)!r})\n"
-        "from fast_tier import pytest_collection_modifyitems  # noqa: F401\n")
+        "from fast_tier import mark_fast_tier as pytest_collection_modifyitems  # noqa\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    fast: f\n    mpi: m\n")
     (tmp_path / "test_x.py").write_text(
         "import pytest\n"
