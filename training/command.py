@@ -5,6 +5,7 @@ it imports the training configuration."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Sequence
 
 TRAIN_PROGRAMS = ("train", "hpcai-train")
@@ -18,8 +19,7 @@ def train_arguments(command: Sequence[str]) -> list[str] | None:
     name = os.path.basename(command[0])
     if name in TRAIN_PROGRAMS:
         return list(command[1:])
-    python = name == "python" or (name.startswith("python")
-                                   and name[6:].replace(".", "").isdigit())
-    if python and len(command) >= 3 and command[1] == "-m" and command[2] in TRAIN_MODULES:
+    if re.fullmatch(r"python[0-9.]*", name) and len(command) >= 3 and command[1] == "-m" \
+            and command[2] in TRAIN_MODULES:
         return list(command[3:])
     return None

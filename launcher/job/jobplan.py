@@ -261,12 +261,6 @@ def write(path: str, key: PlanKey, template: RankTemplate) -> None:
         due = True
     if due:
         prune(directory, now)
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with open(stamp, "w"):
-                pass
-        except OSError:
-            pass
     _write(path, {"format": FORMAT, "written": time.time(), "key": _key_dict(key),
                   "template": {"ranks": [{"env": [list(kv) for kv in r.env],
                                           "bind_cpus": None if r.bind_cpus is None
@@ -274,6 +268,12 @@ def write(path: str, key: PlanKey, template: RankTemplate) -> None:
                                "env": [list(kv) for kv in template.env],
                                "argv": list(template.argv),
                                "compat_links": [list(x) for x in template.compat_links]}})
+    if due:   # after _write, which made the directory
+        try:
+            with open(stamp, "w"):
+                pass
+        except OSError:
+            pass
 
 
 def prune(directory: str, now: float, keep_s: float | None = None) -> list[str]:

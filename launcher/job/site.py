@@ -50,7 +50,6 @@ from ...core.errors import UserError
 from .jobplan import JOB_DIR_SCOPES, SHARED
 
 
-
 def _toml():
     """The TOML parser (imported when a profile is read: a launch without one needs none),
     or None."""
@@ -62,6 +61,7 @@ def _toml():
         except ModuleNotFoundError:  # pragma: no cover
             return None
     return tomllib
+
 
 MPI_LAUNCHERS = ("srun", "mpiexec")
 # Metadata operations per second of a site's shared file system, when its profile does not say:
