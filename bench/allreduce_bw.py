@@ -176,7 +176,7 @@ class _Idle:
 
     name, size, progress = "idle", 2, "hook"
 
-    def blocking(self, flat) -> None:
+    def blocking(self, flat, call: int = 0) -> None:
         pass
 
     def barrier(self) -> None:

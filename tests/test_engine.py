@@ -181,7 +181,13 @@ class _Recorder:
         self.agreed: list[int] = []
         self.reducer = None
 
-    def blocking(self, flat) -> None:
+    def blocking(self, flat, call: int = 0) -> None:
+        """Record the calls an MPI transport makes: ``call`` elements each (0: one)."""
+        step = call or flat.numel()
+        for start in range(0, flat.numel(), step):
+            self._one(flat[start:start + step])
+
+    def _one(self, flat) -> None:
         lo, n = flat.storage_offset(), flat.numel()
         covered = [b for b in self.reducer.buckets if b.flat.storage_offset() < lo + n
                    and lo < b.flat.storage_offset() + b.flat.numel()] if self.reducer else []

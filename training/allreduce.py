@@ -61,15 +61,18 @@ class MpiTransport:
         request = self.comm.Iallreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
         return _Staged(request, array, flat) if copy_back else request
 
-    def blocking(self, flat: torch.Tensor) -> None:
-        """``MPI_Allreduce`` of ``flat`` in place; in calls of at most :data:`CHUNK_BYTES`
-        where the family has a size it reduces faster."""
+    def blocking(self, flat: torch.Tensor, call: int = 0) -> None:
+        """``MPI_Allreduce`` of ``flat`` in place, in consecutive calls of ``call`` elements
+        (0: one call), and of at most :data:`CHUNK_BYTES` where the family has a size it
+        reduces faster. One conversion to NumPy for all the calls: between two calls there is
+        only the slicing."""
         array, copy_back = host_array(flat)
-        step = CHUNK_BYTES.get(self.family, 0) // array.itemsize
-        if step and array.size > step:
+        cap = CHUNK_BYTES.get(self.family, 0) // array.itemsize
+        step = min(call or array.size, cap or array.size)
+        if array.size > step:
+            allreduce, in_place, op = self.comm.Allreduce, self._mpi.IN_PLACE, self._mpi.SUM
             for start in range(0, array.size, step):
-                self.comm.Allreduce(self._mpi.IN_PLACE, array[start:start + step],
-                                    op=self._mpi.SUM)
+                allreduce(in_place, array[start:start + step], op=op)
         else:
             self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
         if copy_back:
@@ -373,8 +376,7 @@ class GradAllreducer:
             self.transport.barrier()
             start = time.perf_counter()
             for _ in range(repeat):
-                for lo in range(0, total, n):
-                    self.transport.blocking(arena[lo:lo + n])
+                self.transport.blocking(arena, n)
             return (time.perf_counter() - start) / repeat
 
         once = timed(total, 1)
@@ -461,13 +463,13 @@ class GradAllreducer:
         while stream.done < len(buckets) and buckets[stream.done].ready == buckets[stream.done].n:
             stream.done += 1
         upto = buckets[stream.done - 1].end if stream.done else 0
-        item = stream.flat.element_size()
-        while upto - stream.sent >= stream.chunk or (final and stream.sent < upto):
-            n = min(stream.chunk, upto - stream.sent)
-            self.transport.blocking(stream.flat[stream.sent:stream.sent + n])
-            self.stats.allreduces += 1
-            self.stats.bytes += n * item
-            stream.sent += n
+        chunk, sent = stream.chunk, stream.sent
+        end = upto if final else sent + (upto - sent) // chunk * chunk
+        if end > sent:   # every complete call at once: the transport loops over them
+            self.transport.blocking(stream.flat[sent:end], chunk)
+            self.stats.allreduces += -(-(end - sent) // chunk)
+            self.stats.bytes += (end - sent) * stream.flat.element_size()
+            stream.sent = end
 
     def _reduce(self, bucket: _Bucket) -> None:
         self.stats.allreduces += 1
