@@ -8,7 +8,8 @@ buckets in one arena, overlap, the progress strategy of the loaded MPI family,
 ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in ``synchronize``). A fused
 trial is one step's exchange without the compute: ``replay_backward()`` calls every
 parameter's backward hook in bucket order, as a backward whose loss
-``GradAllreducer.backward`` divided by the world size would, then ``synchronize()``. "raw" is
+``GradAllreducer.backward`` divided by the world size would, then ``synchronize()``; the
+engine's first steps, which try its call sizes, run before the warm-up round. "raw" is
 one float32 buffer of the same bytes, reduced by one ``MPI_Allreduce`` of the whole buffer or
 by consecutive ``MPI_Allreduce`` calls of ``chunk`` bytes (``--chunks``); the best of those
 settings (by median) is the baseline. Trials alternate (A B B A ...), the first round is
@@ -136,6 +137,13 @@ def _as_rank(args: argparse.Namespace) -> int:
                  DIAG_AVERAGING: division, DIAG_IALLREDUCE: raw_nonblocking,
                  DIAG_SMALL_PAGES: raw_small_pages, DIAG_PYTHON: step(idle)}
         values: dict[str, list[float]] = {s: [] for s in sides}
+        # the engine's first steps try its call sizes (allreduce._Tuner): part of the warm-up
+        for r in (reducer, blocking, in_hooks):
+            while r.tuning:
+                step(r)()
+        for r in (reducer, blocking, in_hooks):
+            for bucket, first in zip(r.buckets, initial):
+                bucket.flat.copy_(first)
         warm = {s: timed(sides[s]) for s in sides}   # warm-up round
         # a trial lasts about --trial-ms: short exchanges are repeated, so that one late
         # wake-up of a rank does not decide a trial (at most 32 calls: the sums double)
@@ -163,6 +171,9 @@ def _as_rank(args: argparse.Namespace) -> int:
                                            for st in r.streams]
                                     for side, r in (("fused", reducer),
                                                     ("fused blocking", blocking))},
+                     "calibrated_call_bytes": {
+                         side: [st.calibrated * st.flat.element_size() for st in r.streams]
+                         for side, r in (("fused", reducer), ("fused blocking", blocking))},
                      "calls_per_trial": calls, "seconds": values}
         for r in (reducer, blocking, in_hooks, idle):
             r.close()

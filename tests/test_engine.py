@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -277,13 +278,63 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     reducer.close()
 
 
+class _Slow(_Recorder):
+    """A recorder whose calls take 3 ms each, but for calls of ``fast`` elements."""
+
+    def __init__(self, fast: int) -> None:
+        super().__init__()
+        self.fast = fast
+
+    def _one(self, flat) -> None:
+        super()._one(flat)
+        if flat.numel() != self.fast:
+            time.sleep(3e-3)
+
+
+@pytest.mark.parametrize("fast", [3 * 2**19, 2**18],
+                         ids=["whole-arena-fastest", "1MiB-fastest (control)"])
+def test_the_first_steps_choose_the_call_size_they_reduced_fastest(fast):
+    """Training's own steps decide the call size: after one warm-up step, each candidate
+    (1 MiB, 4 MiB and the whole 6 MiB arena) is used for TUNE_ROUNDS steps in alternating
+    order, then rank 0's size with the least median seconds in calls holds, and the reducer
+    stops tuning. A transport whose calls are slow but for one call of the whole arena ends
+    on the whole arena; the control, whose calls are slow but for 1 MiB ones, ends on 1 MiB."""
+    import torch
+
+    from hpcai.training.allreduce import TUNE_ROUNDS, TUNE_WARMUP, GradAllreducer
+
+    big = torch.nn.Linear(1024, 1536, bias=False)
+    rec = _Slow(fast)
+    reducer = GradAllreducer(big, rec)
+    rec.reducer = reducer
+    (stream,) = reducer.streams
+    used = []
+    while reducer.tuning:
+        used.append(stream.chunk)
+        big.weight.grad.fill_(1.0)
+        reducer.replay_backward()
+        reducer.synchronize()
+    sizes = [2**18, 2**20, 3 * 2**19]
+    assert used[TUNE_WARMUP:] == (sizes + sizes[::-1]) * (TUNE_ROUNDS // 2) + (
+        sizes if TUNE_ROUNDS % 2 else [])
+    assert stream.chunk == fast and rec.agreed[-1] == fast and stream.tuner is None
+    rec.calls.clear()
+    big.weight.grad.fill_(1.0)
+    reducer.replay_backward()
+    reducer.synchronize()   # tuned: the chosen size from now on, nothing agreed again
+    assert [n for _, n, _ in rec.calls] == [fast] * (3 * 2**19 // fast)
+    assert len(rec.agreed) == 3
+    reducer.close()
+
+
 @pytest.mark.parametrize("mpi, extra, want", [
     ("openmpi", ["--call-mb", "0.3"], "ok"), ("mpich", ["--call-mb", "0.3"], "ok"),
     ("openmpi", [], "ok"), ("openmpi", ["--call-mb", "0.3", "--no-sync"], "FAIL")],
     ids=["openmpi-0.3MiB", "mpich-0.3MiB", "openmpi-measured", "no-synchronize (control)"])
 def test_calls_that_cross_buckets_give_the_exact_mean(mpi, extra, want):
     """2 ranks on a real MPI: the arena (4 buckets, about 2.6 MiB) reduced in 0.3 MiB calls
-    that cross bucket boundaries, or in the measured call size (the same on both ranks),
+    that cross bucket boundaries, or in the measured call size (the same on both ranks at
+    every step, while the first steps try 1 MiB and the whole arena, and after),
     leaves every gradient the exact mean, in ceil(arena / call) calls. The control leaves
     out synchronize(): the last, shorter call is never made, and the mean is wrong."""
     result = run(["hpcai-launch", "--mpi", mpi, "-N", "2", "--oversubscribe", "--",
@@ -298,8 +349,16 @@ def test_calls_that_cross_buckets_give_the_exact_mean(mpi, extra, want):
         assert calls == total // chunk
     else:
         assert calls == -(-total // chunk) and lines[0][:2] == lines[1][:2]
+    used = [[int(n) for n in ln.split()[1:]] for ln in result.stdout.splitlines()
+            if ln.startswith("sizes:")]
+    assert len(used) == 2 and used[0] == used[1]
     if extra[:1] == ["--call-mb"]:
-        assert chunk == int(0.3 * 2**20) // 4
+        assert chunk == int(0.3 * 2**20) // 4 and len(used[0]) == 1
+    elif not extra:   # the calibrated size, then each candidate TUNE_ROUNDS times, then one
+        from hpcai.training.allreduce import TUNE_ROUNDS, TUNE_WARMUP
+        trials = used[0][TUNE_WARMUP:-1]
+        assert sorted(set(trials)) == [2**18, total] and len(trials) == 2 * TUNE_ROUNDS
+        assert used[0][-1] == chunk
 
 
 def test_a_bucket_closes_once_it_holds_the_limit():

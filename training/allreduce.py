@@ -239,9 +239,46 @@ class _Stream:
     chunk: int
     done: int = 0             # buckets complete, counted in order from the first
     sent: int = 0             # elements reduced
+    call_s: float = 0.0       # seconds in this step's calls
+    calibrated: int = 0       # the chunk chosen when the reducer was made
+    tuner: "_Tuner | None" = None   # while the first steps try the candidate sizes
 
     def reset(self) -> None:
         self.done = self.sent = 0
+        self.call_s = 0.0
+
+
+class _Tuner:
+    """Chooses a stream's call size during training: after :data:`TUNE_WARMUP` steps, the
+    next ``TUNE_ROUNDS x len(sizes)`` steps use the candidate sizes in alternating order
+    (A B C C B A ...), and each step's seconds in the stream's calls are recorded. Then rank
+    0's size with the least median holds on every rank (one ``agree``). The schedule is a
+    function of the step count alone, so every rank uses the same size at every step."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        order = [sizes if r % 2 == 0 else sizes[::-1] for r in range(TUNE_ROUNDS)]
+        self.schedule = [n for round_ in order for n in round_]
+        self.seconds: dict[int, list[float]] = {n: [] for n in sizes}
+        self.step = 0
+
+    def next_size(self, chunk: int, call_s: float) -> int | None:
+        """The call size for the next step, given this step's ``chunk`` and its seconds;
+        None once the trial steps are over (the caller agrees on :meth:`best`)."""
+        tried = self.step - TUNE_WARMUP
+        if 0 <= tried < len(self.schedule):
+            self.seconds[chunk].append(call_s)
+        self.step += 1
+        tried += 1
+        if tried < 0:
+            return chunk
+        return self.schedule[tried] if tried < len(self.schedule) else None
+
+    def best(self) -> int:
+        def median(n: int) -> float:
+            values = sorted(self.seconds[n])
+            return values[len(values) // 2]
+        return min(self.sizes, key=median)
 
 
 # Call sizes a stream tries on its arena when the reducer is made (rank 0's fastest is used
@@ -251,6 +288,13 @@ class _Stream:
 # eight launches, 4 MB in two). The whole arena is always a candidate.
 CALL_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CALIBRATION_ROUNDS = 3
+# The calibration's choice is a first guess: timed before training, on rank 0 alone, it
+# missed the fastest size in launches where the machine's MPI ran slower than while it
+# timed (bench/allreduce_bw.py, Open MPI, 2 ranks: 4 MB calls kept at about 30 ms per step
+# where 16 MB calls took 13-19 ms). The training's own steps then try every candidate
+# (_Tuner): after TUNE_WARMUP steps, TUNE_ROUNDS steps per size.
+TUNE_WARMUP = 1
+TUNE_ROUNDS = 3
 
 
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
@@ -297,8 +341,10 @@ class GradAllreducer:
     With MPI on the CPU, blocking calls (``hook`` progress, or ``overlap=False``) follow the
     arena, not the buckets (:class:`_Stream`): calls of ``call_mb``, or, when None, of the
     size that reduced this arena fastest when the reducer was made (:data:`CALL_BYTES`,
-    tried :data:`CALIBRATION_ROUNDS` times each on every rank; rank 0's choice holds).
-    Making such a reducer is then collective: every rank makes it.
+    tried :data:`CALIBRATION_ROUNDS` times each on every rank; rank 0's choice holds), and
+    then of the size that the first training steps reduced fastest (:class:`_Tuner`;
+    :attr:`tuning` says whether they are still trying). Making such a reducer, and each
+    ``synchronize``, is then collective: every rank makes it.
     """
 
     def __init__(self, module: torch.nn.Module, transport, *,
@@ -348,26 +394,35 @@ class GradAllreducer:
             if arena.device.type != "cpu" or arena.numel() == 0:
                 continue
             mine = [b for b in self.buckets if b.flat.dtype == dtype]
-            item = arena.element_size()
-            chunk = (max(1, int(call_mb * 2**20) // item) if call_mb
-                     else self._calibrate(arena))
+            if call_mb:
+                chunk, sizes = max(1, int(call_mb * 2**20) // arena.element_size()), []
+            else:
+                sizes = self._call_sizes(arena)
+                chunk = self._calibrate(arena, sizes)
             stream = _Stream(arena, mine, min(chunk, arena.numel()))
+            stream.calibrated = stream.chunk
+            if len(sizes) > 1:
+                stream.tuner = _Tuner(sizes)
             for bucket in mine:
                 bucket.stream = stream
             streams.append(stream)
         return streams
 
-    def _calibrate(self, arena: torch.Tensor) -> int:
-        """Elements per call: of :data:`CALL_BYTES` and the whole arena (those up to the
-        family's :data:`CHUNK_BYTES`, where it has one), the size that
-        reduced ``arena`` fastest on rank 0 (best of :data:`CALIBRATION_ROUNDS`, sizes in
-        alternating order; a small arena is reduced several times per timing, to about
-        2 ms); the arena's contents are kept."""
+    def _call_sizes(self, arena: torch.Tensor) -> list[int]:
+        """Candidate elements per call: :data:`CALL_BYTES` below the arena's size and the
+        whole arena; only those up to the family's :data:`CHUNK_BYTES`, where it has one."""
         total, item = arena.numel(), arena.element_size()
         sizes = [b // item for b in CALL_BYTES if b // item < total] + [total]
         cap = CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0) // item
         if cap:   # the transport splits larger calls itself: only the sizes it would make
             sizes = [n for n in sizes if n <= cap] or [min(cap, total)]
+        return sizes
+
+    def _calibrate(self, arena: torch.Tensor, sizes: list[int]) -> int:
+        """Elements per call: of ``sizes``, the one that reduced ``arena`` fastest on rank 0
+        (best of :data:`CALIBRATION_ROUNDS`, sizes in alternating order; a small arena is
+        reduced several times per timing, to about 2 ms); the arena's contents are kept."""
+        total = arena.numel()
         if len(sizes) == 1:
             return sizes[0]
         kept = arena.clone()
@@ -466,7 +521,9 @@ class GradAllreducer:
         chunk, sent = stream.chunk, stream.sent
         end = upto if final else sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
+            start = time.perf_counter()
             self.transport.blocking(stream.flat[sent:end], chunk)
+            stream.call_s += time.perf_counter() - start
             self.stats.allreduces += -(-(end - sent) // chunk)
             self.stats.bytes += (end - sent) * stream.flat.element_size()
             stream.sent = end
@@ -532,8 +589,23 @@ class GradAllreducer:
                     self._reduce(bucket)
         for stream in self.streams:
             self._advance(stream, final=True)
+            if stream.tuner is not None:
+                self._tune(stream)
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
+
+    def _tune(self, stream: _Stream) -> None:
+        """Record this step's call seconds; set the next step's call size (:class:`_Tuner`)."""
+        chunk = stream.tuner.next_size(stream.chunk, stream.call_s)
+        if chunk is None:   # the trials are over: rank 0's fastest, on every rank
+            chunk = self.transport.agree(stream.tuner.best())
+            stream.tuner = None
+        stream.chunk = chunk
+
+    @property
+    def tuning(self) -> bool:
+        """Whether a stream's call size is still being chosen (the first steps)."""
+        return any(stream.tuner is not None for stream in self.streams)
 
     def _reset(self) -> None:
         for bucket in self.buckets:

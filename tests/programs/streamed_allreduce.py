@@ -1,8 +1,11 @@
 """2 ranks: the reducer's calls follow its arena (``GradAllreducer.streams``), in chunks that
-cross bucket boundaries, and every gradient is the exact mean. The model's arena is about
-2.6 MiB in 4 buckets; ``--call-mb X`` fixes the call size (default: measured, the same on
-both ranks); ``--no-sync`` leaves out ``synchronize()`` (the control: the last chunk is
-then never reduced). Prints one line per rank: ``CHUNK CALLS ok`` (or ``... FAIL``)."""
+cross bucket boundaries, and every gradient is the exact mean at every step. The model's
+arena is about 2.6 MiB in 4 buckets; ``--call-mb X`` fixes the call size (default: measured
+when the reducer is made, then tried again by the first steps; the same on both ranks at
+every step); ``--no-sync`` leaves out ``synchronize()`` (the control: the last chunk is then
+never reduced). Runs steps until the call size is chosen (one step with ``--call-mb`` or
+``--no-sync``), then one more. Prints one line per rank for the last step:
+``CHUNK CALLS ok`` (or ``... FAIL``), and ``sizes: N N ...``, the call size of each step."""
 
 import argparse
 import os
@@ -24,12 +27,22 @@ for i, p in enumerate(model.parameters()):   # even integers: halves and sums ar
     p.grad = 2 * base + 2 * comm.rank
 reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.6, call_mb=args.call_mb)
 (stream,) = reducer.streams
-chunks = comm.allgather(stream.chunk)
-reducer.replay_backward(loss_divided=False)   # the hooks halve; the sum is the mean
-if not args.no_sync:
-    reducer.synchronize()
-good = len(set(chunks)) == 1 and len(reducer.buckets) == 4
-for i, p in enumerate(model.parameters()):
-    base = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
-    good = good and torch.equal(p.grad, 2 * base + 1)
-os.write(1, f"{stream.chunk} {reducer.stats.allreduces} {'ok' if good else 'FAIL'}\n".encode())
+good, used = len(reducer.buckets) == 4, []
+while True:
+    for i, p in enumerate(model.parameters()):
+        base = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
+        p.grad.copy_(2 * base + 2 * comm.rank)
+    chunk, tuning = stream.chunk, reducer.tuning
+    used.append(chunk)
+    reducer.stats.reset()
+    reducer.replay_backward(loss_divided=False)   # the hooks halve; the sum is the mean
+    if not args.no_sync:
+        reducer.synchronize()
+    for i, p in enumerate(model.parameters()):
+        base = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
+        good = good and torch.equal(p.grad, 2 * base + 1)
+    if args.no_sync or not tuning:
+        break
+good = good and len({tuple(u) for u in comm.allgather(used)}) == 1
+os.write(1, f"{chunk} {reducer.stats.allreduces} {'ok' if good else 'FAIL'}\n"
+            f"sizes: {' '.join(map(str, used))}\n".encode())
