@@ -1,3 +1,10 @@
 """hpcai: an MPI-native distributed training launcher for HPC sites."""
 
+import os as _os
+
+# scripts/install.sh puts this checkout on the path through a link (.venv/hpcai-src/hpcai):
+# the modules' paths are the checkout's own
+__file__ = _os.path.realpath(__file__)
+__path__[:] = [_os.path.realpath(p) for p in __path__]
+
 __version__ = "0.1.0"

@@ -76,13 +76,23 @@ done
 if [ ! -x "$VENV/bin/hpcai-launch" ] || ! (cd / && "$VENV/bin/python" - "$ROOT" <<'PY' 2>/dev/null
 import os, sys
 import hpcai, hpcai.core.cli, hpcai.launcher
-here = os.path.dirname(os.path.abspath(hpcai.__file__))   # the repository root is the package
-sys.exit(0 if here == sys.argv[1] else 1)
+here = os.path.dirname(os.path.realpath(hpcai.__file__))   # the repository root is the package
+sys.exit(0 if here == os.path.realpath(sys.argv[1]) else 1)
 PY
 ); then
   say "pip install -e $ROOT"
   "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
 fi
+# The editable install finds the package with an import hook that a .pth file loads at every
+# Python start in this venv; the hook imports pathlib, re and urllib.parse (about 10 ms per
+# start-up here, paid by hpcai-launch, by each rank's wrapper and by each rank's program). A
+# plain path entry does the same for free: .venv/hpcai-src/hpcai links to this checkout, and
+# the package resolves its own path (__init__.py). pip's entry points and metadata stay.
+SITE_DIR=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$VENV/hpcai-src"
+[ "$(readlink "$VENV/hpcai-src/hpcai" 2>/dev/null)" = "$ROOT" ] || ln -sfn "$ROOT" "$VENV/hpcai-src/hpcai"
+echo "$VENV/hpcai-src" >"$SITE_DIR/hpcai-src.pth"
+rm -f "$SITE_DIR"/__editable__.hpcai-*.pth
 # Byte-compile the package, as a wheel install does: where PYTHONDONTWRITEBYTECODE is set
 # (some sites and sandboxes set it), hpcai-launch and every rank would otherwise compile their
 # modules from source at each start. Up-to-date files are skipped.
