@@ -335,8 +335,9 @@ def test_calls_that_cross_buckets_give_the_exact_mean(mpi, extra, want):
     """2 ranks on a real MPI: the arena (4 buckets, about 2.6 MiB) reduced in 0.3 MiB calls
     that cross bucket boundaries, or in the measured call size (the same on both ranks at
     every step, while the first steps try 1 MiB and the whole arena, and after),
-    leaves every gradient the exact mean, in ceil(arena / call) calls. The control leaves
-    out synchronize(): the last, shorter call is never made, and the mean is wrong."""
+    leaves every gradient the exact mean, in ceil(arena / call) calls. The control gives one
+    parameter of the last bucket no gradient (unused) and leaves out synchronize(): the
+    calls from that bucket on are never made, and the mean is wrong."""
     result = run(["hpcai-launch", "--mpi", mpi, "-N", "2", "--oversubscribe", "--",
                   "python", str(PROGRAMS / "streamed_allreduce.py"), *extra], base_env(),
                  timeout=300)
@@ -346,7 +347,7 @@ def test_calls_that_cross_buckets_give_the_exact_mean(mpi, extra, want):
     chunk, calls = int(lines[0][0]), int(lines[0][1])
     total = sum(400 * 400 + 400 for _ in range(4))
     if "--no-sync" in extra:
-        assert calls == total // chunk
+        assert 0 < calls < -(-total // chunk)
     else:
         assert calls == -(-total // chunk) and lines[0][:2] == lines[1][:2]
     used = [[int(n) for n in ln.split()[1:]] for ln in result.stdout.splitlines()

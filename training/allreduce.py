@@ -513,13 +513,17 @@ class GradAllreducer:
 
     def _advance(self, stream: _Stream, final: bool) -> None:
         """Reduce the stream's complete chunks: those its complete leading buckets cover
-        (``final``: also the last, shorter one)."""
+        (``final``, or once every bucket is complete: also the last, shorter one, so that
+        the backward's last hook makes all the remaining calls at once)."""
         buckets = stream.buckets
         while stream.done < len(buckets) and buckets[stream.done].ready == buckets[stream.done].n:
             stream.done += 1
         upto = buckets[stream.done - 1].end if stream.done else 0
         chunk, sent = stream.chunk, stream.sent
-        end = upto if final else sent + (upto - sent) // chunk * chunk
+        if final or stream.done == len(buckets):
+            end = upto
+        else:
+            end = sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
             start = time.perf_counter()
             self.transport.blocking(stream.flat[sent:end], chunk)

@@ -2,9 +2,10 @@
 cross bucket boundaries, and every gradient is the exact mean at every step. The model's
 arena is about 2.6 MiB in 4 buckets; ``--call-mb X`` fixes the call size (default: measured
 when the reducer is made, then tried again by the first steps; the same on both ranks at
-every step); ``--no-sync`` leaves out ``synchronize()`` (the control: the last chunk is then
-never reduced). Runs steps until the call size is chosen (one step with ``--call-mb`` or
-``--no-sync``), then one more. Prints one line per rank for the last step:
+every step); ``--no-sync`` leaves out ``synchronize()`` after a backward that gave one
+parameter of the last bucket no gradient, as for an unused parameter (the control: the calls
+from that bucket on are then never made). Runs steps until the call size is chosen (one
+step with ``--call-mb`` or ``--no-sync``), then one more. Prints one line per rank for the last step:
 ``CHUNK CALLS ok`` (or ``... FAIL``), and ``sizes: N N ...``, the call size of each step."""
 
 import argparse
@@ -35,8 +36,14 @@ while True:
     chunk, tuning = stream.chunk, reducer.tuning
     used.append(chunk)
     reducer.stats.reset()
-    reducer.replay_backward(loss_divided=False)   # the hooks halve; the sum is the mean
-    if not args.no_sync:
+    if args.no_sync:   # the last bucket's first parameter unused, and no synchronize()
+        unused = reducer.buckets[-1].params[0]
+        for bucket in reducer.buckets:
+            for p in bucket.params:
+                if p is not unused:
+                    reducer._on_grad(p)
+    else:
+        reducer.replay_backward(loss_divided=False)   # the hooks halve; the sum is the mean
         reducer.synchronize()
     for i, p in enumerate(model.parameters()):
         base = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
