@@ -291,23 +291,26 @@ class _Slow(_Recorder):
             time.sleep(3e-3)
 
 
-@pytest.mark.parametrize("fast", [3 * 2**19, 2**18],
-                         ids=["whole-arena-fastest", "1MiB-fastest (control)"])
-def test_the_first_steps_choose_the_call_size_they_reduced_fastest(fast):
-    """Training's own steps decide the call size: after one warm-up step, each candidate
+@pytest.mark.parametrize("later", [3 * 2**19, 2**18],
+                         ids=["whole-arena-fastest-later", "unchanged (control)"])
+def test_the_first_steps_choose_the_call_size_they_reduced_fastest(later):
+    """Training's own steps decide the call size: the reducer is made while 1 MiB calls are
+    the fast ones (calibration picks 1 MiB); then, after one warm-up step, each candidate
     (1 MiB, 4 MiB and the whole 6 MiB arena) is used for TUNE_ROUNDS steps in alternating
-    order, then rank 0's size with the least median seconds in calls holds, and the reducer
-    stops tuning. A transport whose calls are slow but for one call of the whole arena ends
-    on the whole arena; the control, whose calls are slow but for 1 MiB ones, ends on 1 MiB."""
+    order, and rank 0's size with the least median seconds in calls holds, and the reducer
+    stops tuning. When only whole-arena calls are fast by then, the reducer ends on the whole
+    arena; the control, whose 1 MiB calls stay the fast ones, keeps 1 MiB."""
     import torch
 
     from hpcai.training.allreduce import TUNE_ROUNDS, TUNE_WARMUP, GradAllreducer
 
     big = torch.nn.Linear(1024, 1536, bias=False)
-    rec = _Slow(fast)
+    rec = _Slow(2**18)
     reducer = GradAllreducer(big, rec)
     rec.reducer = reducer
     (stream,) = reducer.streams
+    assert stream.chunk == stream.calibrated == 2**18
+    rec.fast = later
     used = []
     while reducer.tuning:
         used.append(stream.chunk)
@@ -317,14 +320,27 @@ def test_the_first_steps_choose_the_call_size_they_reduced_fastest(fast):
     sizes = [2**18, 2**20, 3 * 2**19]
     assert used[TUNE_WARMUP:] == (sizes + sizes[::-1]) * (TUNE_ROUNDS // 2) + (
         sizes if TUNE_ROUNDS % 2 else [])
-    assert stream.chunk == fast and rec.agreed[-1] == fast and stream.tuner is None
+    assert stream.chunk == later and rec.agreed[-1] == later and stream.tuner is None
     rec.calls.clear()
     big.weight.grad.fill_(1.0)
     reducer.replay_backward()
     reducer.synchronize()   # tuned: the chosen size from now on, nothing agreed again
-    assert [n for _, n, _ in rec.calls] == [fast] * (3 * 2**19 // fast)
+    assert [n for _, n, _ in rec.calls] == [later] * (3 * 2**19 // later)
     assert len(rec.agreed) == 3
     reducer.close()
+
+
+def test_a_size_replaces_the_calibrated_one_only_by_the_margin():
+    """The tuner keeps the calibrated size unless another's median is TUNE_MARGIN faster:
+    2 % faster is kept; 10 % faster replaces it (the control)."""
+    from hpcai.training.allreduce import _Tuner
+
+    def tuned(other_s: float) -> int:
+        tuner = _Tuner([1, 2], calibrated=1)
+        tuner.seconds = {1: [1.0, 1.0, 1.0], 2: [other_s] * 3}
+        return tuner.best()
+
+    assert tuned(0.98) == 1 and tuned(0.90) == 2
 
 
 @pytest.mark.parametrize("mpi, extra, want", [

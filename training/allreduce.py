@@ -251,12 +251,14 @@ class _Stream:
 class _Tuner:
     """Chooses a stream's call size during training: after :data:`TUNE_WARMUP` steps, the
     next ``TUNE_ROUNDS x len(sizes)`` steps use the candidate sizes in alternating order
-    (A B C C B A ...), and each step's seconds in the stream's calls are recorded. Then rank
-    0's size with the least median holds on every rank (one ``agree``). The schedule is a
-    function of the step count alone, so every rank uses the same size at every step."""
+    (A B C C B A ...), and each step's seconds in the stream's calls are recorded. Then, on
+    every rank (one ``agree``), rank 0's size with the least median, if that median is at
+    least :data:`TUNE_MARGIN` below the median of the ``calibrated`` size; else the
+    calibrated size. The schedule is a function of the step count alone, so every rank uses
+    the same size at every step."""
 
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
+    def __init__(self, sizes: list[int], calibrated: int) -> None:
+        self.sizes, self.calibrated = sizes, calibrated
         order = [sizes if r % 2 == 0 else sizes[::-1] for r in range(TUNE_ROUNDS)]
         self.schedule = [n for round_ in order for n in round_]
         self.seconds: dict[int, list[float]] = {n: [] for n in sizes}
@@ -278,7 +280,10 @@ class _Tuner:
         def median(n: int) -> float:
             values = sorted(self.seconds[n])
             return values[len(values) // 2]
-        return min(self.sizes, key=median)
+        fastest = min(self.sizes, key=median)
+        if median(fastest) < (1 - TUNE_MARGIN) * median(self.calibrated):
+            return fastest
+        return self.calibrated
 
 
 # Call sizes a stream tries on its arena when the reducer is made (rank 0's fastest is used
@@ -287,14 +292,21 @@ class _Tuner:
 # 4 MB calls in three launches and as one call in a fourth; MPICH's as 16 MB calls in six of
 # eight launches, 4 MB in two). The whole arena is always a candidate.
 CALL_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+# During backward, a stream's calls are made in bursts of at least 1/BURSTS of its arena
+# (the rest at the last hook): blocking calls from the hooks overlap nothing, and each burst
+# begins with the faster rank waiting for the slower one.
+BURSTS = 4
 CALIBRATION_ROUNDS = 3
 # The calibration's choice is a first guess: timed before training, on rank 0 alone, it
 # missed the fastest size in launches where the machine's MPI ran slower than while it
 # timed (bench/allreduce_bw.py, Open MPI, 2 ranks: 4 MB calls kept at about 30 ms per step
 # where 16 MB calls took 13-19 ms). The training's own steps then try every candidate
-# (_Tuner): after TUNE_WARMUP steps, TUNE_ROUNDS steps per size.
+# (_Tuner): after TUNE_WARMUP steps, TUNE_ROUNDS steps per size. A step's exchange is short
+# and noisy (the 3DGAN's: 0.4-2 ms), so another size replaces the calibrated one only when
+# its median is TUNE_MARGIN faster.
 TUNE_WARMUP = 1
-TUNE_ROUNDS = 3
+TUNE_ROUNDS = 5
+TUNE_MARGIN = 0.05
 
 
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
@@ -402,7 +414,7 @@ class GradAllreducer:
             stream = _Stream(arena, mine, min(chunk, arena.numel()))
             stream.calibrated = stream.chunk
             if len(sizes) > 1:
-                stream.tuner = _Tuner(sizes)
+                stream.tuner = _Tuner(sizes, stream.chunk)
             for bucket in mine:
                 bucket.stream = stream
             streams.append(stream)
@@ -524,6 +536,8 @@ class GradAllreducer:
             end = upto
         else:
             end = sent + (upto - sent) // chunk * chunk
+            if end - sent < stream.flat.numel() // BURSTS:
+                return   # too little for a burst yet: each burst starts with a wait for the slower rank
         if end > sent:   # every complete call at once: the transport loops over them
             start = time.perf_counter()
             self.transport.blocking(stream.flat[sent:end], chunk)
