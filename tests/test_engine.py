@@ -278,6 +278,36 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     reducer.close()
 
 
+def test_calls_during_backward_wait_for_a_quarter_of_the_arena():
+    """During backward, calls go in bursts once 1/BURSTS of the arena is complete: with eight
+    equal buckets, the first complete bucket sends nothing (the control), the second sends
+    both, and the last hook sends the rest, the shorter last call included."""
+    import torch
+
+    from hpcai.training.allreduce import BURSTS, GradAllreducer
+
+    model = _linear_stack(width=64, depth=8)
+    rec = _Recorder()
+    layer = (64 * 64 + 64) * 4 / 2**20
+    reducer = GradAllreducer(model, rec, bucket_mb=layer, call_mb=layer / 3)
+    rec.reducer = reducer
+    (stream,) = reducer.streams
+    assert BURSTS == 4 and len(reducer.buckets) == 8
+    for p in reducer.buckets[0].params:
+        reducer._on_grad(p)
+    assert rec.calls == []
+    for p in reducer.buckets[1].params:
+        reducer._on_grad(p)
+    assert sum(n for _, n, _ in rec.calls) == reducer.buckets[1].end // stream.chunk * stream.chunk
+    for bucket in reducer.buckets[2:]:
+        for p in bucket.params:
+            reducer._on_grad(p)
+    assert sum(n for _, n, _ in rec.calls) == stream.flat.numel()
+    assert all(ok for _, _, ok in rec.calls)
+    reducer.synchronize()
+    reducer.close()
+
+
 class _Slow(_Recorder):
     """A recorder whose calls take 3 ms each, but for calls of ``fast`` elements."""
 
