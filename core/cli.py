@@ -33,6 +33,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message, self.hint or f"see {self.prog} --help")
 
+    def _get_formatter(self):
+        # argparse asks shutil for the terminal width whenever an argument is added, and
+        # importing shutil imports the compression modules: the same width, without them
+        return self.formatter_class(prog=self.prog, width=_columns() - 2)
+
+
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` gives it: ``COLUMNS``, else the
+    terminal of standard output, else 80."""
+    import os
+
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """``[options] -- CMD ...`` -> (options, CMD or None when there is no ``--``)."""

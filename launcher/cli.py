@@ -274,8 +274,7 @@ def check_training_command(options: Options):
     and then by mpirun's abort banner. In a container the paths are the image's, which
     the ranks check. A bare ``train`` is checked only if it is hpcai's (someone else's
     ``train`` is theirs). Returns the command's ``TrainConfig``, or None."""
-    import shutil
-
+    from ..core.paths import which
     from ..training.command import train_arguments
 
     if train_arguments(options.command) is None:   # not hpcai's training: nothing to check
@@ -283,7 +282,7 @@ def check_training_command(options: Options):
     from ..training.preflight import preflight
 
     bare = options.container is None or options.runtime == "none"
-    program = shutil.which(options.command[0]) if bare and options.command else None
+    program = which(options.command[0]) if bare and options.command else None
     return preflight(options.command, program, inputs=bare)
 
 

@@ -19,9 +19,9 @@ the runtime must carry that environment into the container:
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
+from ...core.paths import which
 from ...core.errors import UserError
 
 HOST_MOUNT = "/opt/hpcai/host"      # empty mount point in images built by charliecloud/
@@ -120,7 +120,7 @@ def get_runtime(name: str) -> Runtime:
 def find_binary(runtime: Runtime, path: str | None) -> str:
     """The runtime's binary on ``path`` (the job's PATH); UserError if it has none."""
     for name in runtime.binaries:
-        found = shutil.which(name, path=path)
+        found = which(name, path=path)
         if found:
             return found
     raise UserError(f"container runtime {runtime.name}: {' or '.join(runtime.binaries)} not "

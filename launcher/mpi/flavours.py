@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...core.paths import which
 from ...core.errors import UserError
 from .abi import (
     FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, CompatLink, Flavour)
@@ -67,7 +67,7 @@ def find_launcher(flavour: Flavour | None, env: dict[str, str]) -> str | None:
             if candidate.exists():
                 return str(candidate)
     for name in names:
-        found = shutil.which(name, path=path)
+        found = which(name, path=path)
         if found:
             return found
     return None
@@ -111,7 +111,7 @@ def resolve(requested: str, launcher: str | None, env: dict[str, str]) -> MpiIns
         what = wanted.title if wanted else "an MPI launcher (mpirun/mpiexec)"
         raise UserError(f"no {what} found on PATH",
                         "install MPI (see README), load its module, or pass --mpirun PATH")
-    if launcher and not shutil.which(launcher):
+    if launcher and not which(launcher):
         raise UserError(f"MPI launcher {launcher} does not exist or is not executable",
                         "check --mpirun, or leave it out to search PATH")
     detected, version = detect(binary)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import shutil
 import struct
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...core.paths import which
 from . import abi, elf
 
 
@@ -152,7 +152,7 @@ def run_ldconfig(env: dict[str, str] | None = None) -> str:
     """``ldconfig -p`` output ('' when ldconfig is missing or fails)."""
     env = os.environ if env is None else env
     path = env.get("PATH", os.defpath) + ":/sbin:/usr/sbin"
-    binary = shutil.which("ldconfig", path=path)
+    binary = which("ldconfig", path=path)
     if not binary:
         return ""
     try:
@@ -170,7 +170,7 @@ def find_host_mpi(env: dict[str, str], launcher: str | None = None,
     ``require`` (a family) skips every other family, e.g. under ``srun --mpi=pmix``."""
     prefer = prefer or require
     if launcher and "/" not in launcher:
-        launcher = shutil.which(launcher, path=env.get("PATH", os.defpath)) or launcher
+        launcher = which(launcher, path=env.get("PATH", os.defpath)) or launcher
     if launcher and not prefer:
         implied = abi.family_of_launcher(os.path.basename(os.path.realpath(launcher)))
         prefer = implied.name if implied else None

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...core.paths import which
 from . import abi, hostmpi
 from .hostmpi import HostMpi
 from ...core.errors import UserError
@@ -103,7 +103,7 @@ def _launcher(lib: HostMpi, env: dict[str, str]) -> str | None:
     path = env.get("PATH", os.defpath)
     for name in flavour.launchers:
         if flavour.name in name:
-            found = shutil.which(name, path=path)
+            found = which(name, path=path)
             if found:
                 return found
     return None

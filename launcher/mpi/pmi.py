@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 
+from ...core.paths import which
 from ...core.errors import UserError
 from . import abi, hostmpi
 from ..job.site import SiteProfile
@@ -85,7 +85,7 @@ def check(needed: str, srun_mpi_list_output: str) -> None:
 def srun_list(env: dict[str, str] | None = None, timeout: float = 30.0) -> str:
     """Output of ``srun --mpi=list``; UserError when srun is missing or fails."""
     env = dict(os.environ if env is None else env)
-    binary = shutil.which("srun", path=env.get("PATH"))
+    binary = which("srun", path=env.get("PATH"))
     if not binary:
         raise UserError("srun not found on PATH",
                         "run inside a Slurm installation, or start the ranks with mpirun "
@@ -142,7 +142,7 @@ def library_dirs(env: dict[str, str], site: SiteProfile | None) -> list[str]:
     """Where :func:`find_library` looks after an explicit path: the site's search dirs,
     the lib directories beside ``srun`` (a Slurm install prefix), then the system's."""
     dirs = list(site.search_dirs) if site else []
-    srun = shutil.which("srun", path=env.get("PATH", os.defpath))
+    srun = which("srun", path=env.get("PATH", os.defpath))
     if srun:
         prefix = os.path.dirname(os.path.dirname(os.path.realpath(srun)))
         dirs += [os.path.join(prefix, sub) for sub in ("lib64", "lib", f"lib/{abi.MULTIARCH}")]

@@ -12,7 +12,6 @@ Three sources, one value type:
 from __future__ import annotations
 
 import os
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,6 +240,7 @@ def _hwloc_cpuset(text: str) -> set[int]:
 
 def from_hwloc_xml(path: str | Path) -> Topology:
     """Read an ``lstopo --of xml`` file (hwloc 1.x or 2.x layout)."""
+    import xml.etree.ElementTree as ET   # here: most launches read sysfs, not XML
     try:
         tree = ET.parse(path)
     except (OSError, ET.ParseError) as exc:

@@ -9,13 +9,12 @@ fails; :mod:`.plan` then decides with pure functions.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...core.paths import cache_root
+from ...core.paths import cache_root, which
 from ..mpi import flavours
 from ..job import jobplan, rankenv
 from ..node import topology
@@ -82,7 +81,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     site = SiteProfile.chosen(options.site, env)
     command_path = None
     if options.command:
-        command_path = shutil.which(options.command[0], path=env.get("PATH"))
+        command_path = which(options.command[0], path=env.get("PATH"))
     mpi = None
     port = 0
     if info is not None and options.mpi != "auto":
