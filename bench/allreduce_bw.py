@@ -137,13 +137,17 @@ def _as_rank(args: argparse.Namespace) -> int:
                  DIAG_AVERAGING: division, DIAG_IALLREDUCE: raw_nonblocking,
                  DIAG_SMALL_PAGES: raw_small_pages, DIAG_PYTHON: step(idle)}
         values: dict[str, list[float]] = {s: [] for s in sides}
+        def restore() -> None:   # the sums double the values: back to small normal floats
+            raw[:] = raw0
+            for r in (reducer, blocking, in_hooks, idle):
+                for bucket, first in zip(r.buckets, initial):
+                    bucket.flat.copy_(first)
+
         # the engine's first steps try its call sizes (allreduce._Tuner): part of the warm-up
         for r in (reducer, blocking, in_hooks):
             while r.tuning:
                 step(r)()
-        for r in (reducer, blocking, in_hooks):
-            for bucket, first in zip(r.buckets, initial):
-                bucket.flat.copy_(first)
+        restore()
         warm = {s: timed(sides[s]) for s in sides}   # warm-up round
         # a trial lasts about --trial-ms: short exchanges are repeated, so that one late
         # wake-up of a rank does not decide a trial (at most 32 calls: the sums double)
@@ -161,10 +165,7 @@ def _as_rank(args: argparse.Namespace) -> int:
         while len(values["fused"]) < args.trials:
             for s in alternating_order(list(sides), 2):   # one round: A B .. B A
                 values[s].append(timed(sides[s]))
-            raw[:] = raw0   # the sums double the values: back to small normal floats
-            for r in (reducer, blocking, in_hooks, idle):
-                for bucket, first in zip(r.buckets, initial):
-                    bucket.flat.copy_(first)
+            restore()
         out[name] = {"bytes": nbytes, "tensors": len(list(model.parameters())),
                      "buckets": len(reducer.buckets), "progress": reducer.progress,
                      "call_bytes": {side: [st.chunk * st.flat.element_size()

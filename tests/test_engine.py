@@ -366,9 +366,9 @@ def test_a_size_replaces_the_calibrated_one_only_by_the_margin():
     from hpcai.training.allreduce import _Tuner
 
     def tuned(other_s: float) -> int:
-        tuner = _Tuner([1, 2], calibrated=1)
+        tuner = _Tuner([1, 2])
         tuner.seconds = {1: [1.0, 1.0, 1.0], 2: [other_s] * 3}
-        return tuner.best()
+        return tuner.best(calibrated=1)
 
     assert tuned(0.98) == 1 and tuned(0.90) == 2
 

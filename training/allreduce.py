@@ -253,37 +253,36 @@ class _Tuner:
     next ``TUNE_ROUNDS x len(sizes)`` steps use the candidate sizes in alternating order
     (A B C C B A ...), and each step's seconds in the stream's calls are recorded. Then, on
     every rank (one ``agree``), rank 0's size with the least median, if that median is at
-    least :data:`TUNE_MARGIN` below the median of the ``calibrated`` size; else the
-    calibrated size. The schedule is a function of the step count alone, so every rank uses
-    the same size at every step."""
+    least :data:`TUNE_MARGIN` below the median of the calibrated size; else the calibrated
+    size. The schedule is a function of the step count alone, so every rank uses the same
+    size at every step."""
 
-    def __init__(self, sizes: list[int], calibrated: int) -> None:
-        self.sizes, self.calibrated = sizes, calibrated
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
         order = [sizes if r % 2 == 0 else sizes[::-1] for r in range(TUNE_ROUNDS)]
-        self.schedule = [n for round_ in order for n in round_]
+        # per step, the size it uses; None: the warm-up steps keep the size they have
+        self.schedule = [None] * TUNE_WARMUP + [n for round_ in order for n in round_]
         self.seconds: dict[int, list[float]] = {n: [] for n in sizes}
         self.step = 0
 
     def next_size(self, chunk: int, call_s: float) -> int | None:
         """The call size for the next step, given this step's ``chunk`` and its seconds;
         None once the trial steps are over (the caller agrees on :meth:`best`)."""
-        tried = self.step - TUNE_WARMUP
-        if 0 <= tried < len(self.schedule):
+        if self.schedule[self.step] is not None:
             self.seconds[chunk].append(call_s)
         self.step += 1
-        tried += 1
-        if tried < 0:
-            return chunk
-        return self.schedule[tried] if tried < len(self.schedule) else None
+        if self.step == len(self.schedule):
+            return None
+        return self.schedule[self.step] or chunk
 
-    def best(self) -> int:
+    def best(self, calibrated: int) -> int:
         def median(n: int) -> float:
             values = sorted(self.seconds[n])
             return values[len(values) // 2]
         fastest = min(self.sizes, key=median)
-        if median(fastest) < (1 - TUNE_MARGIN) * median(self.calibrated):
+        if median(fastest) < (1 - TUNE_MARGIN) * median(calibrated):
             return fastest
-        return self.calibrated
+        return calibrated
 
 
 # Call sizes a stream tries on its arena when the reducer is made (rank 0's fastest is used
@@ -413,10 +412,9 @@ class GradAllreducer:
             else:
                 sizes = self._call_sizes(arena)
                 chunk = self._calibrate(arena, sizes)
-            stream = _Stream(arena, mine, min(chunk, arena.numel()))
-            stream.calibrated = stream.chunk
-            if len(sizes) > 1:
-                stream.tuner = _Tuner(sizes, stream.chunk)
+            chunk = min(chunk, arena.numel())
+            stream = _Stream(arena, mine, chunk, calibrated=chunk,
+                             tuner=_Tuner(sizes) if len(sizes) > 1 else None)
             for bucket in mine:
                 bucket.stream = stream
             streams.append(stream)
@@ -618,7 +616,7 @@ class GradAllreducer:
         """Record this step's call seconds; set the next step's call size (:class:`_Tuner`)."""
         chunk = stream.tuner.next_size(stream.chunk, stream.call_s)
         if chunk is None:   # the trials are over: rank 0's fastest, on every rank
-            chunk = self.transport.agree(stream.tuner.best())
+            chunk = self.transport.agree(stream.tuner.best(stream.calibrated))
             stream.tuner = None
         stream.chunk = chunk
 

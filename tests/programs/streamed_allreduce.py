@@ -5,8 +5,9 @@ when the reducer is made, then tried again by the first steps; the same on both 
 every step); ``--no-sync`` leaves out ``synchronize()`` after a backward that gave one
 parameter of the last bucket no gradient, as for an unused parameter (the control: the calls
 from that bucket on are then never made). Runs steps until the call size is chosen (one
-step with ``--call-mb`` or ``--no-sync``), then one more. Prints one line per rank for the last step:
-``CHUNK CALLS ok`` (or ``... FAIL``), and ``sizes: N N ...``, the call size of each step."""
+step with ``--call-mb`` or ``--no-sync``), then one more. Prints one line per rank for the
+last step: ``CHUNK CALLS ok`` (or ``... FAIL``), and ``sizes: N N ...``, the call size of
+each step."""
 
 import argparse
 import os
@@ -28,10 +29,11 @@ for i, p in enumerate(model.parameters()):   # even integers: halves and sums ar
     p.grad = 2 * base + 2 * comm.rank
 reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.6, call_mb=args.call_mb)
 (stream,) = reducer.streams
+bases = [torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
+         for i, p in enumerate(model.parameters())]
 good, used = len(reducer.buckets) == 4, []
 while True:
-    for i, p in enumerate(model.parameters()):
-        base = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
+    for p, base in zip(model.parameters(), bases):
         p.grad.copy_(2 * base + 2 * comm.rank)
     chunk, tuning = stream.chunk, reducer.tuning
     used.append(chunk)
@@ -45,8 +47,7 @@ while True:
     else:
         reducer.replay_backward(loss_divided=False)   # the hooks halve; the sum is the mean
         reducer.synchronize()
-    for i, p in enumerate(model.parameters()):
-        base = torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) % 1000 + i
+    for p, base in zip(model.parameters(), bases):
         good = good and torch.equal(p.grad, 2 * base + 1)
     if args.no_sync or not tuning:
         break
