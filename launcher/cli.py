@@ -322,17 +322,20 @@ class _Launch:
         facts = gather_facts(options, stage=not ns.dry_run)
         self.loud = facts.rank is None or facts.rank.local_rank == 0
         plan = build_plan(options, facts)
+        written = None
+        if plan.mode == "mpirun":
+            from .outerplan import prepare
+            plan, written = prepare(options, facts, plan, parse, dry_run=ns.dry_run)
         if ns.dry_run:
             print(plan.to_json() if ns.json else _with_recipe(plan.render(), train))
             return 0
         if self.job is not None and plan.mode == "rank":
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
             jobplan.write(self.job.path, key, rank_template(options, facts))
-        written = None
-        if plan.mode == "mpirun":
-            from .outerplan import prepare
-            plan, written = prepare(options, facts, plan, parse)
         from .run.execute import exec_plan
+        if plan.mpi is not None:
+            from .mpi.flavours import keep_versions
+            keep_versions()
         try:
             return exec_plan(plan, report_bindings=options.report_bindings)
         finally:

@@ -184,3 +184,37 @@ def test_without_the_records_nothing_knows_the_toy():
     assert flavours.classify_version_text("Toy MPI 3.1") is None
     assert abi.family_of_soname("libtoy.so.3") is None
     assert abi.family_of_launcher("toyrun") is None
+
+
+def test_launcher_version_runs_once_per_identity(tmp_path, monkeypatch):
+    """``resolve`` keeps ``LAUNCHER --version``'s text in hpcai's cache (written when
+    hpcai-launch launches: ``keep_versions``): a second launch with the same launcher reads
+    it (the launcher counts its runs). The controls: another ``OPAL_PREFIX`` and a rewritten
+    launcher file each run it again, and the rewritten one's new version is the one
+    reported."""
+    count = tmp_path / "runs"
+    launcher = tmp_path / "bin" / "mpirun"
+    launcher.parent.mkdir()
+
+    def write(version: str) -> None:
+        launcher.write_text(f"#!/bin/sh\necho run >> {count}\necho 'mpirun (Open MPI) {version}'\n")
+        launcher.chmod(0o755)
+
+    def runs() -> int:
+        return len(count.read_text().splitlines()) if count.exists() else 0
+
+    write("4.1.4")
+    env = {"PATH": "", "HPCAI_CACHE": str(tmp_path / "cache")}
+    monkeypatch.delenv("OPAL_PREFIX", raising=False)
+    first = flavours.resolve("auto", str(launcher), env)
+    flavours.keep_versions()      # hpcai-launch keeps them only when it launches
+    again = flavours.resolve("auto", str(launcher), env)
+    assert (first.flavour, first.version, again.version, runs()) == (flavours.OPENMPI, "4.1.4",
+                                                                    "4.1.4", 1)
+    monkeypatch.setenv("OPAL_PREFIX", str(tmp_path))
+    flavours.resolve("auto", str(launcher), env)
+    assert runs() == 2
+    write("4.1.10")   # another size: the file system may keep the same mtime
+    assert flavours.resolve("auto", str(launcher), env).version == "4.1.10" and runs() == 3
+    flavours.keep_versions()
+    assert flavours.resolve("auto", str(launcher), env).version == "4.1.10" and runs() == 3

@@ -468,28 +468,37 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
 # --- under mpirun on one host: the outer hpcai-launch plans for its ranks -----------------
 
 PLANNER = "hpcai.launcher.planning.facts"
+LAUNCHER = "hpcai.launcher.cli"
 SHOW = ("import os; print('rank', os.environ['RANK'], os.environ['OMP_NUM_THREADS'], "
         "os.environ.get('HPCAI_PLAN', '-'), sorted(os.sched_getaffinity(0)))")
 
 
-def _imports_of_planner(stderr: str) -> int:
-    """How many processes imported the planner (PYTHONPROFILEIMPORTTIME: one line each)."""
+def _imports_of(module: str, stderr: str) -> int:
+    """How many processes imported ``module`` (PYTHONPROFILEIMPORTTIME: one line each)."""
     return sum(1 for line in stderr.splitlines()
-               if line.startswith("import time:") and line.rstrip().endswith(f"| {PLANNER}"))
+               if line.startswith("import time:") and line.rstrip().endswith(f"| {module}"))
 
 
-@pytest.mark.parametrize("hosts", [False, True], ids=["this host", "--hosts (control)"])
-def test_startup_outer_launcher_plans_for_its_mpirun_ranks(tmp_path, hosts):
-    """``hpcai-launch -N 2`` under mpirun on this host writes the ranks' plan before mpirun
-    starts: only the outer process imports the planner, both ranks start from that plan
-    (``HPCAI_PLAN``) with their thread environment and one CPU each, and the file is gone
-    afterwards. The control: the same launch with ``--hosts`` (a plan that may cover other
-    hosts) prepares nothing, and rank 0 plans for the job (the planner imported again)."""
+@pytest.mark.parametrize("how", ["direct", "plan file", "hosts"],
+                         ids=["Open MPI on this host", "--report-bindings: plan file",
+                              "--hosts (control)"])
+def test_startup_outer_launcher_plans_for_its_mpirun_ranks(tmp_path, how):
+    """``hpcai-launch -N 2`` under Open MPI's mpirun on this host plans every rank before
+    mpirun starts, and mpirun starts the ranks' commands itself: only the outer process
+    imports hpcai-launch at all, both ranks have their thread environment and one CPU each
+    (taskset), no plan file is written, and the printed plan says so (``--dry-run``). With
+    ``--report-bindings`` the ranks' wrappers run (they report) and start from the plan
+    file written before mpirun (``HPCAI_PLAN``), which is gone afterwards: the planner is
+    still imported only once. The control: the same launch with ``--hosts`` (a plan that
+    may cover other hosts) prepares nothing, and rank 0 plans for the job (the planner
+    imported again)."""
     jobs = tmp_path / "jobs"
     env = base_env(HPCAI_JOB_DIR=str(jobs), PYTHONPROFILEIMPORTTIME="1")
-    where = ["--hosts", f"{socket.gethostname()}:2"] if hosts else []
-    result = run(["hpcai-launch", "-N", "2", *where, "--", sys.executable, "-c", SHOW], env,
-                 cwd=tmp_path, timeout=120)
+    where = ["--hosts", f"{socket.gethostname()}:2"] if how == "hosts" else []
+    where += ["--report-bindings"] if how == "plan file" else []
+    argv = ["hpcai-launch", "--mpi", "openmpi", "-N", "2", *where, "--", sys.executable,
+            "-c", SHOW]
+    result = run(argv, env, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(ln.split(" ", 4) for ln in result.stdout.splitlines()
                    if ln.startswith("rank "))
@@ -497,11 +506,22 @@ def test_startup_outer_launcher_plans_for_its_mpirun_ranks(tmp_path, hosts):
     cpus = [json.loads(ln[4]) for ln in lines]
     if os.cpu_count() >= 2:
         assert all(len(c) == 1 for c in cpus) and cpus[0] != cpus[1], cpus
-    if not hosts:
-        assert _imports_of_planner(result.stderr) == 1, result.stderr[-3000:]
+    dry = run([*argv[:-4], "--dry-run", *argv[-4:]], base_env(HPCAI_JOB_DIR=str(jobs)),
+              cwd=tmp_path, timeout=60)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    direct = "no hpcai-launch runs in the ranks" in dry.stdout
+    assert direct == (how == "direct"), dry.stdout
+    if how == "direct":
+        assert _imports_of(LAUNCHER, result.stderr) == 1, result.stderr[-3000:]
+        assert {ln[3] for ln in lines} == {"-"} and not jobs.exists()
+        assert dry.stdout.count("taskset -c") == 2, dry.stdout
+    elif how == "plan file":
+        assert _imports_of(LAUNCHER, result.stderr) == 3, result.stderr[-3000:]
+        assert _imports_of(PLANNER, result.stderr) == 1, result.stderr[-3000:]
         plan = lines[0][3]
         assert plan.startswith(str(jobs)) and lines[1][3] == plan
         assert not Path(plan).exists() and not list(jobs.glob("plan-launch_*"))
+        assert result.stderr.count("hpcai: rank ") == 2, result.stderr[-3000:]
     else:
-        assert _imports_of_planner(result.stderr) == 2, result.stderr[-3000:]
+        assert _imports_of(PLANNER, result.stderr) == 2, result.stderr[-3000:]
         assert {ln[3] for ln in lines} == {"-"}

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.paths import which
+from ...core.paths import cache_root, which
 from ...core.errors import UserError
 from .abi import (
     FLAVOURS, GENERIC_LAUNCHERS, INTEL, MPICH, OPENMPI, SYSTEM_LIBDIRS, CompatLink, Flavour)
@@ -73,15 +73,16 @@ def find_launcher(flavour: Flavour | None, env: dict[str, str]) -> str | None:
     return None
 
 
-def detect(launcher: str, timeout: float = 20.0) -> tuple[Flavour, str]:
-    """Run ``launcher --version`` once and classify it. Raises UserError if unknown."""
-    try:
-        out = subprocess.run([launcher, "--version"], capture_output=True, text=True,
-                             timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"cannot run {launcher} --version: {exc}",
-                        f"pass --mpi {'|'.join(FLAVOURS)} and --mpirun PATH") from exc
-    text = out.stdout + out.stderr
+VERSION_CACHE = "launchers"   # <cache>/launchers/: launchers' --version texts, by identity
+VERSION_ENV = ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX", "I_MPI_ROOT")   # in the identity
+
+
+def detect(launcher: str, timeout: float = 20.0, cache: str | None = None
+           ) -> tuple[Flavour, str]:
+    """Run ``launcher --version`` once and classify it. Raises UserError if unknown.
+    ``cache``: hpcai's cache directory, where the text is kept for the next launch under the
+    launcher's identity (:func:`launcher_identity`); None: always run it."""
+    text = version_text(launcher, timeout, cache)
     flavour = classify_version_text(text)
     if flavour is None:
         first = text.strip().splitlines()[0] if text.strip() else "(no output)"
@@ -91,6 +92,68 @@ def detect(launcher: str, timeout: float = 20.0) -> tuple[Flavour, str]:
     marker = re.search(flavour.version_pattern, text)
     match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text[marker.start():] if marker else text)
     return flavour, match.group(1) if match else "unknown"
+
+
+def launcher_identity(launcher: str) -> str:
+    """What ``launcher --version`` says depends on: the path given and the real file, the
+    inode, size and modification time of both and of the real file's directory (an update
+    replaces files there), and :data:`VERSION_ENV` (a prefix variable or search path points
+    a launcher at another install)."""
+    real = os.path.realpath(launcher)
+    parts = [launcher, real]
+    for path in (launcher, real, os.path.dirname(real)):
+        st = os.stat(path)
+        parts.append(f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
+    parts += [f"{name}={os.environ.get(name, '')}" for name in VERSION_ENV]
+    return "\n".join(parts)
+
+
+def version_text(launcher: str, timeout: float, cache: str | None) -> str:
+    """``launcher --version``'s output, from ``cache`` when this identity ran it before
+    (a text run now is written there by :func:`keep_versions`)."""
+    import json
+    import zlib
+    where = key = None
+    if cache is not None:
+        try:
+            key = launcher_identity(launcher)
+            where = os.path.join(cache, VERSION_CACHE, f"{zlib.crc32(key.encode()):08x}.json")
+            with open(where, encoding="utf-8") as f:
+                kept = json.load(f)
+            if kept.get("identity") == key:
+                return kept["text"]
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
+    try:
+        out = subprocess.run([launcher, "--version"], capture_output=True, text=True,
+                             timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"cannot run {launcher} --version: {exc}",
+                        f"pass --mpi {'|'.join(FLAVOURS)} and --mpirun PATH") from exc
+    text = out.stdout + out.stderr
+    if where is not None and out.returncode == 0 and classify_version_text(text):
+        _UNSAVED.append((where, key, text))
+    return text
+
+
+_UNSAVED: list[tuple[str, str, str]] = []   # (file, identity, text) that keep_versions writes
+
+
+def keep_versions() -> None:
+    """Write the ``--version`` texts run since the last call to the cache (atomically; an
+    unwritable cache is no error). hpcai-launch calls it only when it carries out a plan,
+    so a refused launch or a dry run writes nothing."""
+    import json
+    while _UNSAVED:
+        where, key, text = _UNSAVED.pop()
+        tmp = f"{where}.{os.getpid()}"
+        try:
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"identity": key, "text": text}, f)
+            os.replace(tmp, where)
+        except OSError:
+            pass
 
 
 def find_libdir(flavour: Flavour, launcher: str) -> str | None:
@@ -114,7 +177,7 @@ def resolve(requested: str, launcher: str | None, env: dict[str, str]) -> MpiIns
     if launcher and not which(launcher):
         raise UserError(f"MPI launcher {launcher} does not exist or is not executable",
                         "check --mpirun, or leave it out to search PATH")
-    detected, version = detect(binary)
+    detected, version = detect(binary, cache=cache_root(env))
     if wanted is not None and wanted.family != detected.family:
         raise UserError(f"--mpi {wanted.name} asked for, but {binary} is {detected.title}",
                         f"pass --mpirun with a {wanted.title} launcher or --mpi {detected.name}")

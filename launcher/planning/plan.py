@@ -5,7 +5,9 @@
   "bind to these CPUs, set this env, exec the command";
 - ``srun``: inside a Slurm allocation, start the ranks with srun;
 - ``mpirun``: anywhere else, start them with the MPI's own launcher.
-In the last two the ranks run ``hpcai-launch`` again, which then plans in ``rank`` mode.
+In the last two the ranks run ``hpcai-launch`` again, which then plans in ``rank`` mode
+(or reads the outer launcher's plan), except where the outer launcher's mpirun starts the
+ranks' commands itself (:func:`direct_mpirun_plan`, :mod:`hpcai.launcher.outerplan`).
 """
 
 from __future__ import annotations
@@ -380,6 +382,32 @@ def _mpirun_plan(options: Options, facts: Facts, placement: Placement,
                       placement=placement, ranks=ranks, topology=facts.topology.describe(),
                       mpi=mpi, compat_links=links, notes=tuple(notes),
                       container=facts.container, relay=relay)
+
+
+def direct_mpirun_plan(plan: LaunchPlan, hostname: str, as_root: bool,
+                       ranks: tuple[tuple[tuple[str, ...], dict[str, str]], ...],
+                       warnings: tuple[str, ...],
+                       links: tuple[tuple[str, str], ...] = ()) -> LaunchPlan:
+    """An Open MPI plan on this host that starts every local rank's command itself: one app
+    context per rank (``-n 1 -x NAME=VALUE ... CMD`` joined by ``:``) instead of
+    ``hpcai-launch`` per rank. ``ranks``: (argv, env beyond mpirun's own) by local rank,
+    argv already prefixed with ``taskset -c CPUS`` where the rank is bound (mpirun binds
+    nothing: ``--bind-to none``). ``warnings`` and ``links``: those a rank would say and
+    make."""
+    assert plan.mpi is not None and plan.mode == "mpirun"
+    flavour = plan.mpi.flavour
+    argv: list[str] = [plan.mpi.launcher, "--host", f"{hostname}:{len(ranks)}"]
+    if flavour.root_flags and as_root:
+        argv += flavour.root_flags
+    argv += ["--bind-to", "none", *flavour.keep_env_flags]
+    for i, (command, env) in enumerate(ranks):
+        argv += [":"] if i else []
+        argv += ["-n", "1", *flavour.env_args(env), *command]
+    note = ("mpirun starts each local rank's command itself, one app context per rank with "
+            "its variables (-x) and its CPUs (taskset): no hpcai-launch runs in the ranks")
+    return replace(plan, argv=tuple(argv), notes=(*plan.notes, note), warnings=(
+        *plan.warnings, *(w for w in warnings if w not in plan.warnings)),
+        compat_links=(*plan.compat_links, *(x for x in links if x not in plan.compat_links)))
 
 
 def srun_line(options: Options, pmi: str | None, placement: Placement, topology: Topology,
