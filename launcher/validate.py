@@ -87,12 +87,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..core.cli import Parser
 from ..core.errors import UserError
+from ..core.record import replace
 from .container.containers import HOST_MOUNT
 from .gpucheck import DEFAULT_NCCL_FLOOR_GBS, GpuExpectation, RankGpu
 from .planning.facts import gather_facts

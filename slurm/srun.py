@@ -14,7 +14,7 @@ has GPUs as GRES, srun gives each task its GPUs (``--gpus-per-task``) nearest it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..core.record import record
 
 # srun, sent SIGTERM, cancels its step at once: the tasks are killed before they can catch a
 # signal. SIGUSR1 it passes on to every task and waits for them (Slurm 22.05, measured:
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 STOP_SIGNAL = "SIGUSR1"
 
 
-@dataclass(frozen=True)
+@record
 class SrunStep:
     """The shape of one srun step."""
 

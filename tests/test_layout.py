@@ -16,7 +16,7 @@ import configparser
 import re
 import subprocess
 import sys
-from dataclasses import replace
+from hpcai.core.record import replace
 from pathlib import Path
 
 import pytest

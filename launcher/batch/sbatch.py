@@ -24,12 +24,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..mpi import flavours
 from ...core.cli import Parser, split_command
 from ...core.errors import UserError
+from ...core.record import replace
 from ..node.placement import check_fits
 from ...training.command import train_arguments
 from ...training.config import check_command

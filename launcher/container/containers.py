@@ -19,7 +19,7 @@ the runtime must carry that environment into the container:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...core.record import record
 
 from ...core.paths import which
 from ...core.errors import UserError
@@ -30,14 +30,14 @@ CACHE_MOUNT = "/opt/hpcai/cache"    # hpcai's cache inside (HPCAI_CACHE), of whi
 FLOPS_MOUNT = CACHE_MOUNT + "/flops"   # the FLOP counts are the host's, bound read-write
 
 
-@dataclass(frozen=True)
+@record
 class Bind:
     source: str
     target: str
     read_only: bool = True
 
 
-@dataclass(frozen=True)
+@record
 class Runtime:
     """One container runtime's spellings; :func:`wrap` reads them, never the name."""
 
@@ -127,7 +127,7 @@ def find_binary(runtime: Runtime, path: str | None) -> str:
                     "found on PATH", runtime.install_hint)
 
 
-@dataclass(frozen=True)
+@record
 class ContainerSpec:
     """Everything that turns a rank's command into a containerised one."""
 

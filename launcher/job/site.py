@@ -43,8 +43,7 @@ with a valid example as the hint. ``tests/data/site-lrz.toml`` is a complete exa
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from ...core.record import asdict, field, record
 
 from ...core.errors import UserError
 from .jobplan import JOB_DIR_SCOPES, SHARED
@@ -94,7 +93,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
 TOPOLOGIES = ("fat-tree", "shared-host")
 
 
-@dataclass(frozen=True)
+@record
 class NetworkSpec:
     """A site's fabric as ``hpcai-launch predict`` models it."""
 
@@ -103,7 +102,7 @@ class NetworkSpec:
     topology: str = "fat-tree"
 
 
-@dataclass(frozen=True)
+@record
 class SiteProfile:
     """One site's container settings (see the module docstring for the TOML schema)."""
 
@@ -174,7 +173,7 @@ class SiteProfile:
                                 f"known keys: {known}; for example: "
                                 f"{_SCHEMA['binds'][1]}")
             values[key] = _check(key, value, path)
-        values.setdefault("name", Path(path).stem if path else "site")
+        values.setdefault("name", os.path.splitext(os.path.basename(path))[0] if path else "site")
         return cls(**values, path=path)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict:

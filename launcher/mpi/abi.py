@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from dataclasses import dataclass
+from ...core.record import record
 from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -37,7 +37,7 @@ SYSTEM_LIBDIRS = (f"/usr/lib/{MULTIARCH}", f"/lib/{MULTIARCH}", "/usr/lib64", "/
                   "/lib64", "/lib")
 
 
-@dataclass(frozen=True)
+@record
 class PluginSpec:
     """Plugins a library loads with dlopen from a directory of its own."""
 
@@ -48,7 +48,7 @@ class PluginSpec:
     staged_env: str = ""              # env var that points the ranks at lib/<subdir>/
 
 
-@dataclass(frozen=True)
+@record
 class CompatLink:
     """A soname the family's programs load, and the file an install has instead."""
 
@@ -56,7 +56,7 @@ class CompatLink:
     target: str                       # e.g. libmpich.so.12 (Debian's MPICH)
 
 
-@dataclass(frozen=True)
+@record
 class Family:
     """An MPI ABI: programs built against one library of it run on any other."""
 
@@ -141,7 +141,7 @@ def libmpi_names(available: Iterable[str], prefer: str | None = None) -> list[st
 _V = rb"(\d+\.\d+(?:\.\d+)*[a-z0-9]*)"
 
 
-@dataclass(frozen=True)
+@record
 class Implementation:
     """An MPI library: the literal marker inside its file, then version patterns tried in
     order; fabric directories it bundles (``{root}``: install prefix, ``{libdir}``: the
@@ -182,7 +182,7 @@ def implementation(name: str) -> Implementation | None:
     return next((i for i in IMPLEMENTATIONS if i.name == name), None)
 
 
-@dataclass(frozen=True)
+@record
 class RootVar:
     """An env var naming an MPI install prefix, and where its libmpi may be below it."""
 
@@ -203,7 +203,7 @@ ROOT_VARS: tuple[RootVar, ...] = (                   # in search order
 
 # --- srun's PMI ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record
 class PmiLibrary:
     """Slurm's PMI client library, as one MPI implementation loads it."""
 
@@ -238,7 +238,7 @@ def _no_env(p: Placement) -> dict[str, str]:
     return {}
 
 
-@dataclass(frozen=True)
+@record
 class Flavour:
     """An MPI that starts ranks: what differs between them, as data."""
 

@@ -29,7 +29,7 @@ import functools
 import mmap
 import os
 import re
-from dataclasses import dataclass
+from ...core.record import record
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 _GLIBC_VERSION = re.compile(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)*$")
 
 
-@dataclass(frozen=True)
+@record
 class ElfInfo:
     """The dynamic-linking facts of one ELF file."""
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
-from pathlib import Path
+from ...core.record import record
 
 from ...core.paths import cache_root, which
 from ...core.errors import UserError
@@ -40,7 +39,7 @@ def classify_version_text(text: str) -> Flavour | None:
     return None
 
 
-@dataclass(frozen=True)
+@record
 class MpiInstall:
     """A detected MPI: its flavour, launcher binary and library directory."""
 
@@ -63,9 +62,9 @@ def find_launcher(flavour: Flavour | None, env: dict[str, str]) -> str | None:
     names = flavour.launchers if flavour else GENERIC_LAUNCHERS
     if flavour and flavour.root_var and env.get(flavour.root_var):
         for name in names:
-            candidate = Path(env[flavour.root_var]) / "bin" / name
-            if candidate.exists():
-                return str(candidate)
+            candidate = os.path.join(env[flavour.root_var], "bin", name)
+            if os.path.exists(candidate):
+                return candidate
     for name in names:
         found = which(name, path=path)
         if found:
@@ -158,11 +157,11 @@ def keep_versions() -> None:
 
 def find_libdir(flavour: Flavour, launcher: str) -> str | None:
     """Directory holding the flavour's libmpi next to the launcher (bin/../lib)."""
-    real = Path(os.path.realpath(launcher))
-    for candidate in (real.parent.parent / "lib", real.parent.parent / "lib64",
-                      *map(Path, SYSTEM_LIBDIRS)):
-        if any((candidate / name).exists() for name in flavour.abi.sonames):
-            return str(candidate)
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(launcher)))
+    for candidate in (os.path.join(prefix, "lib"), os.path.join(prefix, "lib64"),
+                      *SYSTEM_LIBDIRS):
+        if any(os.path.exists(os.path.join(candidate, name)) for name in flavour.abi.sonames):
+            return candidate
     return None
 
 
@@ -201,5 +200,6 @@ def missing_compat(flavour: Flavour, libdir: str | None) -> tuple[CompatLink, ..
     MPICH: ``libmpich.so.12`` but no ``libmpi.so.12``); the plan makes them."""
     if not libdir:
         return ()
-    return tuple(c for c in flavour.abi.compat if not (Path(libdir) / c.name).exists()
-                 and (Path(libdir) / c.target).exists())
+    return tuple(c for c in flavour.abi.compat
+                 if not os.path.exists(os.path.join(libdir, c.name))
+                 and os.path.exists(os.path.join(libdir, c.target)))

@@ -15,14 +15,13 @@ import re
 import struct
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from pathlib import Path
+from ...core.record import record, replace
 
 from ...core.paths import which
 from . import abi, elf
 
 
-@dataclass(frozen=True)
+@record
 class HostMpi:
     """The host's MPI library, identified from the file itself."""
 
@@ -59,6 +58,7 @@ def _markers(path: str) -> tuple[abi.Implementation | None, str]:
 
 def _root_of(libdir: str) -> str | None:
     """Install prefix of a library directory (None for the system's own directories)."""
+    from pathlib import Path   # here: a bare launch never asks
     parts = Path(libdir).parts
     while parts and parts[-1] in ("release", "release_mt", "debug", "debug_mt"):
         parts = parts[:-1]                       # Intel MPI: lib/release/libmpi.so.12
@@ -97,6 +97,7 @@ def identify_libmpi(path: str | os.PathLike) -> HostMpi:
 
 def _candidate_dirs(env: dict[str, str], launcher: str | None) -> list[tuple[str, str]]:
     """(directory, how) in search order."""
+    from pathlib import Path   # here: a bare launch never asks
     out: list[tuple[str, str]] = []
     if launcher:
         real = Path(os.path.realpath(launcher))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from ...core.record import record
 
 from ...core.paths import which
 from ...core.errors import UserError
@@ -150,7 +150,7 @@ def library_dirs(env: dict[str, str], site: SiteProfile | None) -> list[str]:
     return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
 
 
-@dataclass(frozen=True)
+@record
 class PmiClient:
     """A job's PMI client library, as planned: the env that names its host path, or why
     there is none (said as a warning; the MPI then uses its own PMI client)."""

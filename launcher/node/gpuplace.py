@@ -20,7 +20,7 @@ NICs are shown in the plan, not set: NCCL chooses among them by the same PCI dis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...core.record import record
 
 from ...core.errors import UserError
 from .gpus import GpuSet
@@ -30,7 +30,7 @@ VISIBLE = ("per-rank", "all")
 GRES_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
 
 
-@dataclass(frozen=True)
+@record
 class GpuSlot:
     """One local rank's GPUs, the NICs beside them, and why these."""
 
@@ -45,7 +45,7 @@ class GpuSlot:
                 "nics": list(self.nics), "far": self.far, "why": self.why}
 
 
-@dataclass(frozen=True)
+@record
 class GpuPlacement:
     """Every local rank's GPUs on one node."""
 

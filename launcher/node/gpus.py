@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
+from ...core.record import record
 
 from ...core.errors import UserError
 
@@ -27,7 +26,7 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")   # 3D controller (compute GPUs), VGA controller
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     """One GPU of a node."""
 
@@ -43,7 +42,7 @@ class Gpu:
                 "uuid": self.uuid, "nics": list(self.nics)}
 
 
-@dataclass(frozen=True)
+@record
 class GpuSet:
     """A node's GPUs, and where they were read from."""
 
@@ -72,16 +71,16 @@ NONE = GpuSet((), "none")
 
 # --- the running machine -----------------------------------------------------------------
 
-def from_host(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> GpuSet:
+def from_host(sys_root: str | os.PathLike = "/sys", proc_root: str | os.PathLike = "/proc") -> GpuSet:
     """The NVIDIA GPUs of this machine; an empty set where there are none (or no sysfs)."""
-    sys_root, proc_root = Path(sys_root), Path(proc_root)
-    info = _driver_info(proc_root / "driver" / "nvidia" / "gpus")
-    pci_dir = sys_root / "bus" / "pci" / "devices"
-    found: dict[str, Path | None] = {}
+    sys_root, proc_root = os.fspath(sys_root), os.fspath(proc_root)
+    info = _driver_info(os.path.join(proc_root, "driver", "nvidia", "gpus"))
+    pci_dir = os.path.join(sys_root, "bus", "pci", "devices")
+    found: dict[str, str | None] = {}
     for entry in _listdir(pci_dir):
-        device = pci_dir / entry
-        if (_read(device / "vendor") == NVIDIA_VENDOR
-                and _read(device / "class")[:6] in GPU_CLASSES):
+        device = os.path.join(pci_dir, entry)
+        if (_read(os.path.join(device, "vendor")) == NVIDIA_VENDOR
+                and _read(os.path.join(device, "class"))[:6] in GPU_CLASSES):
             found[_norm_pci(entry)] = device
     for pci in info:                          # the driver's list, where sysfs lacks one
         found.setdefault(pci, None)
@@ -99,18 +98,18 @@ def from_host(sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") ->
     return GpuSet(tuple(gpus), "host")
 
 
-def numa_of_pci(pci: str, sys_root: str | Path = "/sys") -> int:
+def numa_of_pci(pci: str, sys_root: str | os.PathLike = "/sys") -> int:
     """The NUMA node of a PCI device, in either the driver's (``00000000:3B:00.0``) or
     sysfs's form of its address; -1 where sysfs does not say."""
-    return max(_read_int(Path(sys_root) / "bus" / "pci" / "devices" / _norm_pci(pci)
-                         / "numa_node", -1), -1)
+    return max(_read_int(os.path.join(sys_root, "bus", "pci", "devices", _norm_pci(pci),
+                                      "numa_node"), -1), -1)
 
 
-def _driver_info(gpus_dir: Path) -> dict[str, dict[str, str]]:
+def _driver_info(gpus_dir: str) -> dict[str, dict[str, str]]:
     """``/proc/driver/nvidia/gpus/*/information`` as {pci: {field: value}}."""
     out: dict[str, dict[str, str]] = {}
     for entry in _listdir(gpus_dir):
-        text = _read(gpus_dir / entry / "information", strip=False)
+        text = _read(os.path.join(gpus_dir, entry, "information"), strip=False)
         fields = {}
         for line in text.splitlines():
             key, sep, value = line.partition(":")
@@ -121,20 +120,20 @@ def _driver_info(gpus_dir: Path) -> dict[str, dict[str, str]]:
     return out
 
 
-def _nics_by_root(sys_root: Path) -> dict[str, list[str]]:
+def _nics_by_root(sys_root: str) -> dict[str, list[str]]:
     """{PCI root: NIC names}: one name per PCI function, the InfiniBand name (what NCCL_IB_HCA
     takes) where the function has one, else the network interface's."""
     by_function: dict[str, tuple[str, str]] = {}
     for cls in ("infiniband", "net"):          # infiniband first: its name wins
-        base = sys_root / "class" / cls
+        base = os.path.join(sys_root, "class", cls)
         for name in _listdir(base):
-            link = base / name / "device"
-            if not link.exists():
+            link = os.path.join(base, name, "device")
+            if not os.path.exists(link):
                 continue                       # virtual interfaces have no device
-            resolved = Path(os.path.realpath(link))
+            resolved = os.path.realpath(link)
             root = _pci_root(resolved)
             if root is not None:
-                by_function.setdefault(resolved.name, (root, name))
+                by_function.setdefault(os.path.basename(resolved), (root, name))
     out: dict[str, list[str]] = {}
     for root, name in sorted(by_function.values()):
         out.setdefault(root, []).append(name)
@@ -144,9 +143,9 @@ def _nics_by_root(sys_root: Path) -> dict[str, list[str]]:
 _ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 
 
-def _pci_root(device: Path) -> str | None:
+def _pci_root(device: str) -> str | None:
     """The ``pciDDDD:BB`` host bridge a PCI device's resolved sysfs path starts from."""
-    for part in Path(os.path.realpath(device)).parts:
+    for part in os.path.realpath(device).split(os.sep):
         if _ROOT.match(part):
             return part
     return None
@@ -160,22 +159,23 @@ def _norm_pci(text: str) -> str:
         else text
 
 
-def _listdir(path: Path) -> list[str]:
+def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
         return []
 
 
-def _read(path: Path, strip: bool = True) -> str:
+def _read(path: str, strip: bool = True) -> str:
     try:
-        text = path.read_text(errors="replace")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
         return ""
     return text.strip() if strip else text
 
 
-def _read_int(path: Path, default: int) -> int:
+def _read_int(path: str, default: int) -> int:
     try:
         return int(_read(path))
     except ValueError:
@@ -238,7 +238,7 @@ def synthetic(description: str) -> GpuSet:
 
 
 def load(spec: str | None, *, planning_other_machine: bool = False,
-         sys_root: str | Path = "/sys", proc_root: str | Path = "/proc") -> GpuSet:
+         sys_root: str | os.PathLike = "/sys", proc_root: str | os.PathLike = "/proc") -> GpuSet:
     """Resolve ``--gpus``: ``"none"``, synthetic text, or (None) this machine's GPUs, except
     when the CPU topology is another machine's (``planning_other_machine``): then none."""
     if spec is not None and spec.strip() == "none":

@@ -7,13 +7,13 @@ domains; anything else falls back to contiguous blocks of the node's cores in NU
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...core.record import record
 
 from ...core.errors import UserError
 from .topology import Core, Topology, format_cpulist
 
 
-@dataclass(frozen=True)
+@record
 class RankSlot:
     """Where one local rank runs."""
 
@@ -32,7 +32,7 @@ class RankSlot:
         return hex(sum(1 << c for c in self.cpus))
 
 
-@dataclass(frozen=True)
+@record
 class Placement:
     """The per-node layout: every local rank's slot, plus how it was derived."""
 

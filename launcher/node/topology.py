@@ -12,13 +12,12 @@ Three sources, one value type:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from ...core.record import record
 
 from ...core.errors import UserError
 
 
-@dataclass(frozen=True)
+@record
 class AllowedCpus:
     """The CPUs a launch may plan on, and where that set came from."""
 
@@ -26,7 +25,7 @@ class AllowedCpus:
     source: str
 
 
-@dataclass(frozen=True)
+@record
 class Core:
     """One physical core; ``pus[0]`` is its first hardware thread."""
 
@@ -35,7 +34,7 @@ class Core:
     pus: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@record
 class Topology:
     """A node's cores, ordered by NUMA domain then first hardware thread."""
 
@@ -120,13 +119,13 @@ def format_cpulist(cpus: tuple[int, ...] | list[int] | set[int]) -> str:
     return ",".join(runs)
 
 
-def from_sysfs(root: str | Path = "/sys/devices/system",
+def from_sysfs(root: str | os.PathLike = "/sys/devices/system",
                allowed: AllowedCpus | None = None) -> Topology:
     """Read the topology of the running machine from sysfs; with ``allowed``, only its CPUs
     (a core with none of its hardware threads allowed is left out)."""
-    root = Path(root)
+    root = os.fspath(root)
     try:
-        online = parse_cpulist((root / "cpu" / "online").read_text())
+        online = parse_cpulist(_read(os.path.join(root, "cpu", "online")))
     except OSError as exc:
         raise UserError(f"cannot read CPU topology from {root}: {exc}",
                         "pass --topology FILE.xml (lstopo-no-graphics --of xml)") from exc
@@ -142,21 +141,26 @@ def from_sysfs(root: str | Path = "/sys/devices/system",
     numa_of = numa_of_cpus(root)
     groups: dict[tuple[int, int], list[int]] = {}
     for cpu in online:
-        topo = root / "cpu" / f"cpu{cpu}" / "topology"
-        package = _read_int(topo / "physical_package_id", 0)
-        core_id = _read_int(topo / "core_id", cpu)
+        topo = os.path.join(root, "cpu", f"cpu{cpu}", "topology")
+        package = _read_int(os.path.join(topo, "physical_package_id"), 0)
+        core_id = _read_int(os.path.join(topo, "core_id"), cpu)
         groups.setdefault((package, core_id), []).append(cpu)
     cores = [Core(socket=max(pkg, 0), numa=numa_of.get(min(pus), 0), pus=tuple(sorted(pus)))
              for (pkg, _), pus in groups.items()]
     return Topology(_sorted_cores(cores), source="sysfs", within=within)
 
 
-def numa_of_cpus(root: str | Path = "/sys/devices/system") -> dict[int, int]:
+def numa_of_cpus(root: str | os.PathLike = "/sys/devices/system") -> dict[int, int]:
     """{CPU: NUMA node} from ``node/node<N>/cpulist``; empty where sysfs has no NUMA nodes."""
     numa_of: dict[int, int] = {}
-    for entry in sorted((Path(root) / "node").glob("node[0-9]*")):
-        for cpu in parse_cpulist((entry / "cpulist").read_text()):
-            numa_of[cpu] = int(entry.name[4:])
+    nodes = os.path.join(root, "node")
+    try:
+        names = sorted(n for n in os.listdir(nodes) if n[:4] == "node" and n[4:].isdigit())
+    except OSError:
+        names = []
+    for name in names:
+        for cpu in parse_cpulist(_read(os.path.join(nodes, name, "cpulist"))):
+            numa_of[cpu] = int(name[4:])
     return numa_of
 
 
@@ -164,8 +168,8 @@ ALLOWED_ENV = "HPCAI_ALLOWED_CPUS"   # "HOST:CPULIST": the set the launch planne
 
 
 def allowed_cpus(in_rank: bool, env: dict[str, str] | None = None, hostname: str = "",
-                 cgroup_root: str | Path = "/sys/fs/cgroup",
-                 self_cgroup: str | Path = "/proc/self/cgroup") -> AllowedCpus | None:
+                 cgroup_root: str | os.PathLike = "/sys/fs/cgroup",
+                 self_cgroup: str | os.PathLike = "/proc/self/cgroup") -> AllowedCpus | None:
     """The CPUs of this node that the job may use; None where nothing restricts them.
 
     Before any rank starts (``in_rank`` False) it is this process's affinity: ``taskset``,
@@ -177,7 +181,7 @@ def allowed_cpus(in_rank: bool, env: dict[str, str] | None = None, hostname: str
     if not in_rank:
         return AllowedCpus(frozenset(os.sched_getaffinity(0)), "this process's CPU affinity")
     sets = []
-    found = _cgroup_cpuset(Path(cgroup_root), Path(self_cgroup))
+    found = _cgroup_cpuset(os.fspath(cgroup_root), os.fspath(self_cgroup))
     if found is not None:
         sets.append(AllowedCpus(found[0], f"cgroup cpuset {found[1]}"))
     host, _, cpus = (env or {}).get(ALLOWED_ENV, "").rpartition(":")
@@ -198,9 +202,9 @@ def allowed_env(topology: Topology, hostname: str) -> dict[str, str]:
     return {ALLOWED_ENV: f"{hostname}:{format_cpulist(topology.within.cpus)}"}
 
 
-def _cgroup_cpuset(root: Path, self_cgroup: Path) -> tuple[frozenset[int], str] | None:
+def _cgroup_cpuset(root: str, self_cgroup: str) -> tuple[frozenset[int], str] | None:
     try:
-        lines = self_cgroup.read_text().splitlines()
+        lines = _read(self_cgroup).splitlines()
     except OSError:
         return None
     for line in lines:
@@ -210,23 +214,28 @@ def _cgroup_cpuset(root: Path, self_cgroup: Path) -> tuple[frozenset[int], str] 
         _, controllers, path = parts
         relative = path.lstrip("/")
         if controllers == "":                         # v2: one unified hierarchy
-            candidate = root / relative / "cpuset.cpus.effective"
+            candidate = os.path.join(root, relative, "cpuset.cpus.effective")
         elif "cpuset" in controllers.split(","):      # v1: the cpuset controller's tree
-            candidate = root / "cpuset" / relative / "cpuset.effective_cpus"
+            candidate = os.path.join(root, "cpuset", relative, "cpuset.effective_cpus")
         else:
             continue
         try:
-            text = candidate.read_text().strip()
+            text = _read(candidate).strip()
         except OSError:
             continue
         if text:
-            return frozenset(parse_cpulist(text)), str(candidate)
+            return frozenset(parse_cpulist(text)), candidate
     return None
 
 
-def _read_int(path: Path, default: int) -> int:
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _read_int(path: str, default: int) -> int:
     try:
-        return int(path.read_text().strip())
+        return int(_read(path).strip())
     except (OSError, ValueError):
         return default
 
@@ -238,7 +247,7 @@ def _hwloc_cpuset(text: str) -> set[int]:
     return {bit for bit in range(value.bit_length()) if value >> bit & 1}
 
 
-def from_hwloc_xml(path: str | Path) -> Topology:
+def from_hwloc_xml(path: str | os.PathLike) -> Topology:
     """Read an ``lstopo --of xml`` file (hwloc 1.x or 2.x layout)."""
     import xml.etree.ElementTree as ET   # here: most launches read sysfs, not XML
     try:
@@ -263,7 +272,7 @@ def from_hwloc_xml(path: str | Path) -> Topology:
             cores.append(pus or tuple(sorted(cpuset)))
     built = [Core(socket=package_of.get(p[0], 0), numa=numa_of.get(p[0], 0), pus=p)
              for p in cores if p]
-    return Topology(_sorted_cores(built), source=f"hwloc:{Path(path).name}")
+    return Topology(_sorted_cores(built), source=f"hwloc:{os.path.basename(path)}")
 
 
 _SYNTHETIC_KEYS = {"pack": "pack", "package": "pack", "socket": "pack",

@@ -9,9 +9,9 @@ fails; :mod:`.plan` then decides with pure functions.
 from __future__ import annotations
 
 import os
-import socket
+import _socket   # the C module: socket.py adds selectors, array and enum tables (~5 ms)
 import sys
-from dataclasses import dataclass
+from ...core.record import record
 from typing import TYPE_CHECKING
 
 from ...core.paths import cache_root, which
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..container.containerplan import ContainerFacts
 
 
-@dataclass(frozen=True)
+@record
 class Facts:
     """What planning needs from the world, gathered once by :func:`gather_facts`."""
 
@@ -77,7 +77,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
     next, whose srun line says ``srun_kills``) instead of the rank ``env`` names."""
     env = dict(os.environ if env is None else env)
     info = rank if rank is not None else rankenv.from_environ(env, os.getppid())
-    topo = _topology(options, env, in_rank=info is not None, hostname=socket.gethostname())
+    topo = _topology(options, env, in_rank=info is not None, hostname=_hostname())
     site = SiteProfile.chosen(options.site, env)
     command_path = None
     if options.command:
@@ -93,7 +93,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
         elif mode == "srun":
             found = flavours.find_launcher(None, env)
             mpi = flavours.resolve("auto", found, env) if found else None
-        port = _free_port(socket)
+        port = _free_port()
     cache_dir = cache_root(env)
     stage_root = cache_dir
     if site is not None and site.job_dir and site.job_dir_scope == jobplan.NODE:
@@ -117,7 +117,7 @@ def gather_facts(options: Options, env: dict[str, str] | None = None, *,
             and info.size > 1:
         from ...slurm.step import srun_kills_on_bad_exit
         kills = srun_kills_on_bad_exit(env, sys.argv[1:])
-    return Facts(env=env, topology=topo, hostname=socket.gethostname(),
+    return Facts(env=env, topology=topo, hostname=_hostname(),
                  self_argv=(sys.executable, "-m", "hpcai.launcher"), command_path=command_path,
                  uid=os.getuid(), free_port=port, mpi=mpi,
                  cache_dir=cache_dir,
@@ -160,7 +160,15 @@ def _pmi_client(mode: str, info: RankInfo | None, mpi: MpiInstall | None,
     return pmi.client(mpi.flavour.name, plugin, env, None)
 
 
-def _free_port(socket_module) -> int:
-    with socket_module.socket(socket_module.AF_INET, socket_module.SOCK_STREAM) as s:
+def _hostname() -> str:
+    return _socket.gethostname()
+
+
+def _free_port() -> int:
+    """A TCP port on loopback that is free now (the rendezvous port of a one-host launch)."""
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+    finally:
+        s.close()

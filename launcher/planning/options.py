@@ -9,7 +9,7 @@ what it writes and compares).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from ...core.record import fields, record, replace
 from typing import Iterator, Mapping
 
 from ...core.errors import UserError
@@ -22,7 +22,7 @@ MPI_CHOICES = ("auto", *FLAVOURS)
 GPU_DRIVER_CHOICES = ("auto", "on", "off")
 
 
-@dataclass(frozen=True)
+@record
 class Options:
     """The parsed ``hpcai-launch [options] -- CMD`` (defaults as ``hpcai-launch`` has them)."""
 

@@ -13,8 +13,8 @@ ranks' commands itself (:func:`direct_mpirun_plan`, :mod:`hpcai.launcher.outerpl
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+import os
+from ...core.record import asdict, field, record, replace
 from typing import TYPE_CHECKING
 
 from ...core.errors import UserError
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 RELAYED_AS_IS = ("SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
-@dataclass(frozen=True)
+@record
 class RankPlan:
     """One local rank's binding and environment."""
 
@@ -53,7 +53,7 @@ class RankPlan:
     env: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
+@record
 class LaunchPlan:
     mode: str                              # "mpirun", "srun" or "rank"
     reason: str
@@ -76,7 +76,7 @@ class LaunchPlan:
 
     def relay_text(self) -> str:
         """What happens to a signal sent to hpcai-launch, for the printed plan."""
-        launcher = Path(self.argv[0]).name if self.argv else "the launcher"
+        launcher = os.path.basename(self.argv[0]) if self.argv else "the launcher"
         if not self.relay:
             return f"hpcai-launch becomes {launcher} (exec): signals reach it directly"
         turns = ", ".join(f"{got} as {sent}" for got, sent in self.relay)
@@ -316,7 +316,7 @@ def mpi_library_env(mpi: MpiInstall | None, env: dict[str, str], cache_dir: str
     libdirs: list[str] = []
     missing = mpi.missing_compat     # found by fact gathering (flavours.missing_compat)
     if missing:
-        shim = str(Path(cache_dir).expanduser() / "abi" / mpi.flavour.name)
+        shim = os.path.join(os.path.expanduser(cache_dir), "abi", mpi.flavour.name)
         links = tuple((f"{shim}/{c.name}", f"{mpi.libdir}/{c.target}") for c in missing)
         libdirs.append(shim)
         notes += [f"{mpi.libdir} has {c.target} but no {c.name} (Debian layout): a compat "
