@@ -21,7 +21,8 @@ Inside a Slurm allocation (salloc/sbatch) without srun, it starts srun itself.
 
 Each rank gets its CPU set (bound with sched_setaffinity unless the launcher already did),
 the OpenMP/MKL/TF thread variables, and RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-NODE_RANK, MASTER_ADDR, MASTER_PORT, then execs CMD.
+NODE_RANK, MASTER_ADDR, MASTER_PORT, then execs CMD. (Open MPI's mpirun started here for a
+bare run sets them per rank itself, with `taskset -c` for the CPU set: no wrapper runs.)
 
 --dry-run prints the plan and starts nothing (--json for machines). Errors print
 `error:` and `hint:` and exit 2 before any rank starts; -v adds tracebacks.
