@@ -3,10 +3,10 @@
 ``@record`` makes a class with annotated fields an immutable value, as
 ``@dataclass(frozen=True)`` does: an ``__init__`` taking the fields by position or name (then
 ``__post_init__`` if the class has one), ``__repr__``, ``__eq__`` and ``__hash__`` over the
-fields unless the class writes its own, and assignment refused. The methods are shared functions reading the class's field
-table, where dataclasses compile six functions for every class and import ``inspect``: for
-the 30 or so value types that ``hpcai-launch`` imports before it starts anything, that was
-about a third of its start-up. :func:`replace`, :func:`asdict` and :func:`fields` work as
+fields unless the class writes its own, and assignment refused. The methods are shared
+functions reading the class's field table, where dataclasses compile six functions for
+every class and import ``inspect``: for the 30 or so value types that ``hpcai-launch``
+imports before it starts anything, that was about a third of its start-up. :func:`replace`, :func:`asdict` and :func:`fields` work as
 their dataclasses namesakes do, on records.
 """
 

@@ -333,10 +333,9 @@ class _Launch:
         if self.job is not None and plan.mode == "rank":
             key = jobplan.make_key(self.job, facts.env, facts.cwd, key_files(facts))
             jobplan.write(self.job.path, key, rank_template(options, facts))
+        from .mpi.flavours import keep_versions
         from .run.execute import exec_plan
-        if plan.mpi is not None:
-            from .mpi.flavours import keep_versions
-            keep_versions()
+        keep_versions()
         try:
             return exec_plan(plan, report_bindings=options.report_bindings)
         finally:

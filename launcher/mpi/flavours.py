@@ -81,13 +81,15 @@ def detect(launcher: str, timeout: float = 20.0, cache: str | None = None
     """Run ``launcher --version`` once and classify it. Raises UserError if unknown.
     ``cache``: hpcai's cache directory, where the text is kept for the next launch under the
     launcher's identity (:func:`launcher_identity`); None: always run it."""
-    text = version_text(launcher, timeout, cache)
+    text, keep = version_text(launcher, timeout, cache)
     flavour = classify_version_text(text)
     if flavour is None:
         first = text.strip().splitlines()[0] if text.strip() else "(no output)"
         raise UserError(f"unknown MPI behind {launcher}: {first!r}",
                         f"hpcai-launch knows {', '.join(FLAVOURS)}; pass --mpi to say which "
                         "one it is compatible with")
+    if keep is not None:          # a known MPI's text, run now: written by keep_versions
+        _UNSAVED.append((*keep, text))
     marker = re.search(flavour.version_pattern, text)
     match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text[marker.start():] if marker else text)
     return flavour, match.group(1) if match else "unknown"
@@ -107,9 +109,11 @@ def launcher_identity(launcher: str) -> str:
     return "\n".join(parts)
 
 
-def version_text(launcher: str, timeout: float, cache: str | None) -> str:
-    """``launcher --version``'s output, from ``cache`` when this identity ran it before
-    (a text run now is written there by :func:`keep_versions`)."""
+def version_text(launcher: str, timeout: float, cache: str | None
+                 ) -> tuple[str, tuple[str, str] | None]:
+    """``launcher --version``'s output, from ``cache`` when this identity ran it before;
+    and, for a text run now that exited 0 with a cache given, (the cache file, the identity)
+    to keep it under."""
     import json
     import zlib
     where = key = None
@@ -120,7 +124,7 @@ def version_text(launcher: str, timeout: float, cache: str | None) -> str:
             with open(where, encoding="utf-8") as f:
                 kept = json.load(f)
             if kept.get("identity") == key:
-                return kept["text"]
+                return kept["text"], None
         except (OSError, ValueError, KeyError, AttributeError):
             pass
     try:
@@ -130,9 +134,8 @@ def version_text(launcher: str, timeout: float, cache: str | None) -> str:
         raise UserError(f"cannot run {launcher} --version: {exc}",
                         f"pass --mpi {'|'.join(FLAVOURS)} and --mpirun PATH") from exc
     text = out.stdout + out.stderr
-    if where is not None and out.returncode == 0 and classify_version_text(text):
-        _UNSAVED.append((where, key, text))
-    return text
+    keep = (where, key) if where is not None and out.returncode == 0 else None
+    return text, keep
 
 
 _UNSAVED: list[tuple[str, str, str]] = []   # (file, identity, text) that keep_versions writes
