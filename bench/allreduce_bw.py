@@ -254,7 +254,7 @@ def main() -> int:
     parser.add_argument("--trial-ms", type=float, default=20.0,
                         help="a trial repeats an exchange until it lasts about this long")
     parser.add_argument("--chunks", default="1,4,16,64", help="raw chunk sizes in MB")
-    parser.add_argument("--progress", choices=("hook", "nonblocking"), default=None,
+    parser.add_argument("--progress", choices=("hook", "thread", "nonblocking"), default=None,
                         help="the fused side's progress strategy (default: the MPI family's)")
     parser.add_argument("--bucket-mb", type=float, default=None,
                         help="the fused sides' bucket size (default: the engine's)")

@@ -18,6 +18,7 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 
 VARIANTS = [("mlp", ()), ("mlp", ("--blocking",)), ("mlp", ("--progress", "nonblocking")),
+            ("mlp", ("--progress", "hook")),
             ("mlp", ("--progress", "hook", "--loss-divided")),
             ("mlp", ("--blocking", "--loss-divided")),
             ("gan-d", ()), ("gan-d", ("--loss-divided",)), ("gan-g", ())]
@@ -86,9 +87,9 @@ def grad_scale_job():
 @pytest.mark.parametrize("control", [None, "twice", "never"])
 def test_gradients_are_scaled_exactly_once(control, grad_scale_job):
     """2 ranks with gradients known in closed form: after synchronize() every gradient is the
-    mean, in every mode (overlap with each progress strategy, blocking; the loss divided by
-    the engine or the gradients; zeroed or set to None). The controls, gradients scaled twice
-    and not at all, must fail every case."""
+    mean, in every mode (overlap with each progress strategy: hook, thread, nonblocking;
+    blocking; the loss divided by the engine or the gradients; zeroed or set to None). The
+    controls, gradients scaled twice and not at all, must fail every case."""
     result = grad_scale_job
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     prefix = f"{control or 'none'}: "
@@ -98,7 +99,7 @@ def test_gradients_are_scaled_exactly_once(control, grad_scale_job):
     exits = [line for line in mine if line.startswith("exit ")]
     assert lines and len(exits) == 1, result.stdout + result.stderr[-3000:]
     if control is None:
-        assert exits == ["exit 0"] and len(lines) == 12, result.stdout
+        assert exits == ["exit 0"] and len(lines) == 16, result.stdout
         assert all(line.startswith("ok") for line in lines), result.stdout
     else:
         factor = {"twice": "factor 0.5", "never": "factor 2"}[control]
@@ -244,6 +245,77 @@ def test_calls_follow_the_arena_once_the_buckets_they_cover_are_complete():
         reducer._on_grad(p)
     assert rec.calls and all(ok for _, _, ok in rec.calls)
     reducer.close()
+
+
+class _ThreadedRecorder(_Recorder):
+    """A recorder that allows a communication thread: it also records the thread of each
+    call, takes 2 ms per call, and raises in the call after ``fail_at`` calls (when set)."""
+
+    threads = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads_of: list[int] = []
+        self.fail_at = None
+
+    def _one(self, flat) -> None:
+        import threading
+
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            self.fail_at = None
+            raise RuntimeError("the transport failed")
+        time.sleep(0.002)
+        self.threads_of.append(threading.get_ident())
+        super()._one(flat)
+
+
+def test_thread_progress_calls_off_the_main_thread_and_synchronize_waits_for_them():
+    """``thread`` progress: the calls that backward completes are made on the reducer's
+    communication thread, and synchronize() returns only once all are made: they tile the
+    arena exactly once, each covering complete buckets, and every gradient is this rank's
+    share. A call that raises on that thread fails synchronize() on the main thread, and the
+    next step is whole again. The control: a transport that does not allow a second thread
+    (MPI below MPI_THREAD_SERIALIZED) gets ``hook`` progress, and every call is made on the
+    main thread."""
+    import threading
+
+    import torch
+
+    from hpcai.training.allreduce import GradAllreducer
+
+    main = threading.get_ident()
+    model = _linear_stack()
+    rec = _ThreadedRecorder()
+    reducer = GradAllreducer(model, rec, bucket_mb=0.02, call_mb=0.01, progress="thread")
+    rec.reducer = reducer
+    (stream,) = reducer.streams
+    assert reducer.progress == "thread" and len(reducer.buckets) >= 3
+
+    def step() -> list:
+        rec.calls.clear()
+        rec.threads_of.clear()
+        model.zero_grad(set_to_none=False)
+        reducer.backward(model(torch.randn(3, 64)).square().sum())
+        reducer.synchronize()
+        return [lo - stream.flat.storage_offset() for lo, _, _ in rec.calls]
+
+    offsets = step()
+    assert offsets == list(range(0, stream.flat.numel(), stream.chunk))
+    assert all(ok for _, _, ok in rec.calls)
+    assert len(set(rec.threads_of)) == 1 and main not in rec.threads_of
+    rec.fail_at = 1
+    with pytest.raises(RuntimeError, match="the transport failed"):
+        step()
+    assert step() == list(range(0, stream.flat.numel(), stream.chunk))
+    reducer.close()
+    plain = _ThreadedRecorder()   # the control: no second thread allowed
+    plain.threads = False
+    other = _linear_stack()
+    control = GradAllreducer(other, plain, bucket_mb=0.02, call_mb=0.01, progress="thread")
+    control.backward(other(torch.randn(3, 64)).square().sum())
+    control.synchronize()
+    assert control.progress == "hook" and set(plain.threads_of) == {main}
+    control.close()
 
 
 def test_call_size_is_measured_on_the_arena_and_agreed():

@@ -12,8 +12,9 @@ A post-accumulate-grad hook on every parameter counts arrivals. When a bucket is
 the hook scales it to this rank's share of the mean (``div_`` by the world size while
 backward has just written it; nothing when the loss was divided instead, by
 :meth:`GradAllreducer.backward`), and in overlap mode reduces it with one call: a blocking
-``MPI_Allreduce`` right there, or a non-blocking ``MPI_Iallreduce`` poked by the later hooks
-(``progress``, chosen per MPI family: :data:`PROGRESS`). The sum of the shares is the mean, so
+``MPI_Allreduce`` right there, the same call handed to a communication thread while backward
+goes on, or a non-blocking ``MPI_Iallreduce`` poked by the later hooks (``progress``, chosen
+per MPI family: :data:`PROGRESS`). The sum of the shares is the mean, so
 no pass follows the reduction. :meth:`synchronize` reduces what backward did not complete
 (unused parameters), waits for pending reductions and leaves every rank with the mean. Call
 it once after every backward: a second gradient before it (accumulation) is an error. Blocking
@@ -54,6 +55,8 @@ class MpiTransport:
         self.size = comm.Get_size()
         self.family = mpi_family()
         self.progress = PROGRESS[self.family]
+        # blocking calls from a second thread (``thread`` progress) need this much
+        self.threads = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
 
     def start(self, flat: torch.Tensor):
         """An ``MPI.Request``; for a GPU tensor a :class:`_Staged` one (host copy)."""
@@ -251,7 +254,8 @@ class _Stream:
 class _Tuner:
     """Chooses a stream's call size during training: after :data:`TUNE_WARMUP` steps, the
     next ``TUNE_ROUNDS x len(sizes)`` steps use the candidate sizes in alternating order
-    (A B C C B A ...), and each step's seconds in the stream's calls are recorded. Then, on
+    (A B C C B A ...), and each step's seconds are recorded (in the stream's calls; with a
+    communication thread, the main thread's wait for gradients in that step). Then, on
     every rank (one ``agree``), rank 0's size with the least median, if that median is at
     least :data:`TUNE_MARGIN` below the median of the calibrated size; else the calibrated
     size. The schedule is a function of the step count alone, so every rank uses the same
@@ -283,6 +287,55 @@ class _Tuner:
         if median(fastest) < (1 - TUNE_MARGIN) * median(calibrated):
             return fastest
         return calibrated
+
+
+class _CommThread:
+    """A thread that makes a reducer's blocking calls in the order they are handed to it
+    (``thread`` progress): backward goes on while earlier chunks are reduced. The main
+    thread makes no MPI call until :meth:`drain` returns, so MPI needs
+    ``MPI_THREAD_SERIALIZED`` only. A call that raised is raised again by :meth:`drain`."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._handed = False   # calls handed over since the last drain
+        self._thread = threading.Thread(target=self._run, name="hpcai-allreduce", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException as exc:   # kept for drain(): the main thread reports it
+                if self._error is None:
+                    self._error = exc
+
+    def submit(self, job) -> None:
+        self._queue.put(job)
+        self._handed = True
+
+    def drain(self) -> None:
+        """Wait until every call handed over so far has returned."""
+        import threading
+
+        if self._handed:
+            done = threading.Event()
+            self._queue.put(done.set)
+            done.wait()
+            self._handed = False
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
 
 
 # Call sizes a stream tries on its arena when the reducer is made (rank 0's fastest is used
@@ -326,14 +379,22 @@ def mpi_family() -> str:
     return "other"
 
 
-# How each MPI family progresses a bucket's reduction: "hook" issues a blocking
-# MPI_Allreduce from the backward hook that completes the bucket; "nonblocking" starts an
-# MPI_Iallreduce there, pokes it with MPI_Testall at every later hook and waits in
-# synchronize(). Open MPI 4.1: the committed allreduce_bw run (2 ranks, shared memory) took
-# 35.2 ms for the ResNet50 set as MPI_Iallreduce of 4 MB chunks against 9.9 ms blocking, so
-# "hook". MPICH and Intel MPI take "hook" too until bench/allreduce_bw.py --mpi ... --progress
-# measures them; "other" MPIs keep the non-blocking calls.
-PROGRESS = {"openmpi": "hook", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
+# How each MPI family progresses a bucket's reduction: "hook" issues blocking MPI_Allreduce
+# calls from the backward hook that completes enough of the arena (in bursts, BURSTS);
+# "thread" hands the same calls to one communication thread (_CommThread) as soon as they
+# are complete, so backward goes on while they run, and synchronize() waits for what is left;
+# "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
+# hook and waits in synchronize(). Measured on 2 ranks x 1 core (ResNet50 at 112 px, batch 8,
+# the two strategies alternating in one job, 28 steps each after the call-size trials):
+# - Open MPI 4.1: "thread" waits 0.6-1.3 ms per step on the main thread against 26-41 ms
+#   for "hook", at the same step time (within 0.4 % in four jobs); MPI_Iallreduce of 4 MB
+#   chunks took 35 ms for the set against 10 ms blocking (allreduce_bw), so not "nonblocking";
+# - MPICH 4.0 and Intel MPI 2021: "thread" waits 1.3-1.6 ms against 24-41 ms, but the steps
+#   took 12-13 % longer (their waiting thread competes with the compute for the core), so
+#   "hook".
+# "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
+# non-blocking calls.
+PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
 
 # The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared
@@ -347,16 +408,19 @@ CHUNK_BYTES = {"intel": 1 << 20}
 class GradAllreducer:
     """Average the gradients of ``module``'s parameters across the transport's ranks.
 
-    ``progress``: ``hook`` or ``nonblocking`` (see :data:`PROGRESS`); None picks the
-    transport's (MPI: by family; gloo and Horovod progress on their own threads, so
-    ``nonblocking``). Ignored with ``overlap=False``.
+    ``progress``: ``hook``, ``thread`` or ``nonblocking`` (see :data:`PROGRESS`); None picks
+    the transport's (MPI: by family; gloo and Horovod progress on their own threads, so
+    ``nonblocking``). ``thread`` needs a transport with ``threads`` true (MPI at
+    ``MPI_THREAD_SERIALIZED`` or above), else it is ``hook``. Ignored with ``overlap=False``.
 
-    With MPI on the CPU, blocking calls (``hook`` progress, or ``overlap=False``) follow the
+    With MPI on the CPU, blocking calls (``hook`` or ``thread`` progress, or
+    ``overlap=False``) follow the
     arena, not the buckets (:class:`_Stream`): calls of ``call_mb``, or, when None, of the
     size that reduced this arena fastest when the reducer was made (:data:`CALL_BYTES`,
     tried :data:`CALIBRATION_ROUNDS` times each on every rank; rank 0's choice holds), and
-    then of the size that the first training steps reduced fastest (:class:`_Tuner`;
-    :attr:`tuning` says whether they are still trying). Making such a reducer, and each
+    then of the size with which the first training steps spent the least time in their calls
+    (with ``thread``: waited least on the main thread) (:class:`_Tuner`; :attr:`tuning` says
+    whether they are still trying). Making such a reducer, and each
     ``synchronize``, is then collective: every rank makes it.
     """
 
@@ -367,16 +431,22 @@ class GradAllreducer:
         self.size = transport.size
         self.overlap = overlap and self.size > 1
         self.progress = progress or getattr(transport, "progress", "nonblocking")
-        if self.progress not in ("hook", "nonblocking"):
-            raise ValueError(f"progress must be 'hook' or 'nonblocking', not {self.progress!r}")
+        if self.progress not in ("hook", "thread", "nonblocking"):
+            raise ValueError("progress must be 'hook', 'thread' or 'nonblocking', "
+                             f"not {self.progress!r}")
+        if self.progress == "thread" and not getattr(transport, "threads", False):
+            self.progress = "hook"   # MPI below MPI_THREAD_SERIALIZED, or no blocking calls
         self.stats = SyncStats()
         self.buckets, arenas = self._make_buckets(
             [p for p in module.parameters() if p.requires_grad], int(bucket_mb * 2**20))
         self.streams = self._streams(arenas, call_mb)
+        self._thread = (_CommThread() if self.overlap and self.progress == "thread"
+                        and self.streams else None)
         self._arrivals = {id(p): (b, i, v) for b in self.buckets
                           for i, (p, v) in enumerate(zip(b.params, b.views))}
         self._pending: list = []
         self._accumulated = False
+        self._wait_mark = 0.0   # stats.wait_s when the last synchronize returned
         self._handles = []
         if self.size > 1:
             self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -400,7 +470,7 @@ class GradAllreducer:
                  call_mb: float | None) -> list[_Stream]:
         """The arenas whose calls follow the arena: MPI's blocking calls on the CPU."""
         if (self.size == 1 or not hasattr(self.transport, "agree")
-                or (self.overlap and self.progress != "hook")):
+                or (self.overlap and self.progress == "nonblocking")):
             return []
         streams = []
         for dtype, arena in arenas.items():
@@ -535,16 +605,33 @@ class GradAllreducer:
         if final or stream.done == len(buckets):
             end = upto
         else:
-            if upto - sent < stream.flat.numel() // BURSTS:
+            if self._thread is None and upto - sent < stream.flat.numel() // BURSTS:
                 return   # too little for a burst yet: each starts with a wait for the slower rank
             end = sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
-            start = time.perf_counter()
-            self.transport.blocking(stream.flat[sent:end], chunk)
-            stream.call_s += time.perf_counter() - start
+            if self._thread is not None and not final:
+                self._thread.submit(lambda: self._call(stream, sent, end, chunk))
+            else:   # synchronize's calls: nothing left to overlap, the main thread makes them
+                if self._thread is not None:
+                    self._drain()
+                self._call(stream, sent, end, chunk)
             self.stats.allreduces += -(-(end - sent) // chunk)
             self.stats.bytes += (end - sent) * stream.flat.element_size()
             stream.sent = end
+
+    def _drain(self) -> None:
+        """Wait for the comm thread's calls; a call that failed fails this step."""
+        try:
+            self._thread.drain()
+        except BaseException:
+            self._reset()
+            raise
+
+    def _call(self, stream: _Stream, sent: int, end: int, chunk: int) -> None:
+        """The blocking calls for ``stream.flat[sent:end]`` (on the comm thread, if any)."""
+        start = time.perf_counter()
+        self.transport.blocking(stream.flat[sent:end], chunk)
+        stream.call_s += time.perf_counter() - start
 
     def _reduce(self, bucket: _Bucket) -> None:
         self.stats.allreduces += 1
@@ -607,14 +694,23 @@ class GradAllreducer:
                     self._reduce(bucket)
         for stream in self.streams:
             self._advance(stream, final=True)
+        if self._thread is not None:
+            self._drain()
+        # what a stream's tuner compares: with a comm thread, the main thread's wait in this
+        # step (a size that overlaps more can take longer in its calls and still wait less);
+        # else the seconds in the stream's calls
+        in_hooks = before - self._wait_mark if before >= self._wait_mark else before  # reset
+        exposed = in_hooks + time.perf_counter() - start
+        for stream in self.streams:
             if stream.tuner is not None:
-                self._tune(stream)
+                self._tune(stream, exposed if self._thread is not None else stream.call_s)
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
+        self._wait_mark = self.stats.wait_s
 
-    def _tune(self, stream: _Stream) -> None:
-        """Record this step's call seconds; set the next step's call size (:class:`_Tuner`)."""
-        chunk = stream.tuner.next_size(stream.chunk, stream.call_s)
+    def _tune(self, stream: _Stream, seconds: float) -> None:
+        """Record this step's ``seconds``; set the next step's call size (:class:`_Tuner`)."""
+        chunk = stream.tuner.next_size(stream.chunk, seconds)
         if chunk is None:   # the trials are over: rank 0's fastest, on every rank
             chunk = self.transport.agree(stream.tuner.best(stream.calibrated))
             stream.tuner = None
@@ -637,6 +733,9 @@ class GradAllreducer:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
 
 
 class HorovodTransport:

@@ -22,7 +22,7 @@ own rows): the control that shows the comparison can fail. ``--device cuda`` run
 on the rank's GPU (``torch_trainer.rank_device``), so the allreduce goes through host copies,
 in full fp32 (TF32 off).
 
-``--progress hook|nonblocking`` picks the overlap's progress strategy (default: the MPI
+``--progress hook|thread|nonblocking`` picks the overlap's progress strategy (default: the MPI
 family's); ``--loss-divided`` runs backward through ``GradAllreducer.backward`` (the loss
 divided by the world size instead of the gradients).
 
@@ -32,7 +32,7 @@ of argument lists, each ``[MODEL, OUT.npz, flags...]``. Every variant starts fro
 seeds as a process of its own would.
 
 usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average] [--device cuda]
-                         [--progress hook|nonblocking] [--loss-divided]
+                         [--progress hook|thread|nonblocking] [--loss-divided]
        dp_equivalence.py --each RUNS.json
        MODEL: mlp | gan-d | gan-g
 """

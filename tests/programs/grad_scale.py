@@ -71,7 +71,8 @@ def step(control: str | None, overlap: bool, progress: str, divided: bool,
 def cases(control: str | None, prefix: str) -> int:
     """Every case with ``control``; prints a line per case (rank 0); how many failed."""
     failed = 0
-    for overlap, progress in ((True, "hook"), (True, "nonblocking"), (False, "hook")):
+    for overlap, progress in ((True, "hook"), (True, "thread"), (True, "nonblocking"),
+                              (False, "hook")):
         for divided in (False, True):
             for set_to_none in (False, True):
                 factor = step(control, overlap, progress, divided, set_to_none)
