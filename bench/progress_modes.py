@@ -4,25 +4,27 @@
 (``PROGRESS``): by the backward hooks themselves (``hook``), or by a communication thread
 while backward goes on (``thread``). This benchmark is the measurement behind that choice.
 
-Per MPI (``--mpi``, default Open MPI, MPICH and Intel MPI), one 2-rank job, 1 core per rank
-(``hpcai-launch -N 2 --threads-per-rank 1``), per model (ResNet50 at ``--image-size`` px and
+Per MPI (``--mpi``, default Open MPI, MPICH and Intel MPI), ``--runs`` fresh 2-rank jobs,
+1 core per rank (``hpcai-launch -N 2 --threads-per-rank 1``), per model (ResNet50 at ``--image-size`` px and
 the 3DGAN's generator and discriminator, batch ``--batch-size`` per rank, SGD with momentum):
 two copies of the model, one per strategy, each with its own ``GradAllreducer`` with the
 engine's defaults otherwise. Their training steps alternate (A B B A ...): first until
 neither reducer is trying call sizes any more, plus ``--warmup`` pairs, then ``--steps``
 measured pairs. Per step: the slower rank's step time, and the main thread's wait for
 gradients (``SyncStats.wait_s``) of the rank that had its gradients last (the least over the
-ranks). Rows, per MPI and model:
+ranks). A row pools the per-step ratios of all jobs; its 95 % interval counts the jobs as
+the units that vary (``common.launch_stats``): which strategy is faster changed from one
+job to the next of the same MPI here. Rows, per MPI and model:
 
 - step time, thread ÷ hook, target <= 1.03: the thread may cost at most 3 % of a step;
 - main thread's wait for gradients, thread ÷ hook (report).
 
-A family's rows choose ``thread`` when every step-time row is met, ``hook`` when one is
-missed, and nothing (unresolved) otherwise; at the end it prints that choice beside the one
+A family's rows choose ``thread`` only when every step-time row is met (the thread shown to
+cost no step time), else ``hook``; at the end it prints that choice beside the one
 ``PROGRESS`` holds. Run it on a quiet machine.
 
     python bench/progress_modes.py                      (bench/results/)
-    python bench/progress_modes.py --mpi openmpi --steps 20 --json out.json
+    python bench/progress_modes.py --mpi openmpi,mpich --models resnet50 --runs 4
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, Row, loopback_env, print_rows, provenance, write_result
+from common import (RESULTS, Row, launch_stats, loopback_env, print_rows, provenance,
+                    write_result)
 
 MODES = ("hook", "thread")
 TARGET = 1.03
@@ -143,7 +146,8 @@ def main() -> int:
     parser.add_argument("--mpi", default="openmpi,mpich,intel",
                         help="hpcai-launch --mpi values, comma-separated")
     parser.add_argument("--models", default="resnet50,3dgan")
-    parser.add_argument("--steps", type=int, default=40, help="measured pairs per model")
+    parser.add_argument("--runs", type=int, default=4, help="jobs per MPI")
+    parser.add_argument("--steps", type=int, default=12, help="measured pairs per model and job")
     parser.add_argument("--warmup", type=int, default=2, help="pairs after the size trials")
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--image-size", type=int, default=112, help="ResNet50 input pixels")
@@ -160,34 +164,42 @@ def main() -> int:
     info = provenance()
     rows, trials, chosen = [], {}, {}
     for mpi in args.mpi.split(","):
-        print(f"{mpi}: one 2-rank job, models {args.models}", flush=True)
-        result = launch(mpi, args)
-        family = result["family"]
-        trials[mpi] = result
+        jobs = []
+        for run in range(args.runs):
+            print(f"{mpi}: 2-rank job {run + 1} of {args.runs}, models {args.models}",
+                  flush=True)
+            jobs.append(launch(mpi, args))
+        family = jobs[0]["family"]
+        trials[mpi] = jobs
         ok = []
-        for name, t in result["models"].items():
-            hook, thread = t["hook"], t["thread"]
+        for name in args.models.split(","):
+            runs = [job["models"][name] for job in jobs]
+
+            def median(mode: str, key: str) -> float:
+                return statistics.median(x for t in runs for x in t[mode][key])
+            note = (f"medians: hook {median('hook', 'step_s'):.3f} s/step, wait "
+                    f"{median('hook', 'wait_s') * 1e3:.1f} ms; thread "
+                    f"{median('thread', 'step_s'):.3f} s/step, wait "
+                    f"{median('thread', 'wait_s') * 1e3:.1f} ms; call bytes per job "
+                    f"{[t['call_bytes'] for t in runs]}")
             label = f"{mpi} {name}"
-            note = (f"medians: hook {statistics.median(hook['step_s']):.3f} s/step, wait "
-                    f"{statistics.median(hook['wait_s']) * 1e3:.1f} ms; thread "
-                    f"{statistics.median(thread['step_s']):.3f} s/step, wait "
-                    f"{statistics.median(thread['wait_s']) * 1e3:.1f} ms; call bytes "
-                    f"{t['call_bytes']}")
-            step_row = Row.measured(f"{mpi}-{name}-step", f"{label} step time, thread ÷ hook",
-                                    "<=", TARGET, thread["step_s"], hook["step_s"], note)
-            rows += [step_row, Row.report(
-                f"{mpi}-{name}-wait", f"{label} main thread's wait for gradients, "
-                "thread ÷ hook", thread["wait_s"], hook["wait_s"])]
+            step_row = Row.across_runs(
+                f"{mpi}-{name}-step", f"{label} step time, thread ÷ hook", "<=", TARGET,
+                [(t["thread"]["step_s"], t["hook"]["step_s"]) for t in runs], note)
+            waits = [[a / b for a, b in zip(t["thread"]["wait_s"], t["hook"]["wait_s"])]
+                     for t in runs]
+            rows += [step_row, Row(f"{mpi}-{name}-wait", f"{label} main thread's wait for "
+                                   "gradients, thread ÷ hook", "", None,
+                                   launch_stats(waits), "report")]
             ok.append(step_row.verdict)
-        chosen[family] = ("thread" if all(v == "met" for v in ok) else
-                          "hook" if "missed" in ok else "unresolved")
+        chosen[family] = "thread" if all(v == "met" for v in ok) else "hook"
     print_rows(rows)
     for family, mode in chosen.items():
         print(f"{family}: the rows choose {mode!r}; allreduce.PROGRESS holds "
               f"{PROGRESS.get(family)!r}", flush=True)
     settings = {"ranks": 2, "threads_per_rank": 1, "models": args.models,
                 "batch_per_rank": args.batch_size, "resnet50_image": args.image_size,
-                "steps": args.steps, "warmup_pairs": args.warmup, "optimizer": "SGD momentum 0.9",
+                "jobs_per_mpi": args.runs, "steps": args.steps, "warmup_pairs": args.warmup, "optimizer": "SGD momentum 0.9",
                 "chosen": chosen, "progress_table": dict(PROGRESS)}
     path = write_result("progress_modes", info, rows, trials, settings, args.results)
     if args.json:
