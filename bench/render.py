@@ -185,6 +185,7 @@ SUMMARY = {   # benchmark: what its rows compare, for the README's one-line summ
     "training": "GFLOP/s ÷ GEMM peak; 2-rank ÷ 1-rank samples/s",
     "torch_baselines": "step time ÷ Horovod, exposed sync ÷ DDP",
     "allreduce_bw": "fused allreduce bandwidth ÷ best raw MPI_Allreduce",
+    "progress_modes": "step time and wait for gradients, comm thread ÷ hooks, per MPI",
     "container_overhead": "samples/s and memory, container ÷ bare",
     "startup": "per-rank start-up work, plan once per job",
     "learning": "3DGAN learns physics (3 seeds, 15 % rule)",

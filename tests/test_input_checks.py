@@ -231,6 +231,8 @@ def test_resnet_refuses_the_3dgan_data_options(box):
     (["train", "3dgan", "--bogus"], "train: unrecognized arguments: --bogus"),
     (["hpcai-train", "3dgan", "--epochs", "two"], "hpcai-train: argument --epochs"),
     (["python", "-m", "hpcai.training", "gan"], "python -m hpcai.training: argument model"),
+    (["train", "resnet-tiny", "--comm", "gloo", "--allreduce-progress", "thread"],
+     "--allreduce-progress is for PyTorch on the CPU with --comm mpi"),
 ])
 def test_launch_checks_the_training_arguments_once(box, command, fragment):
     err = refused(box.run("hpcai-launch", "-N", "2", "--", *command, "--out", str(box.out)),

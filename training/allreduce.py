@@ -384,17 +384,18 @@ def mpi_family() -> str:
 # "thread" hands the same calls to one communication thread (_CommThread) as soon as they
 # are complete, so backward goes on while they run, and synchronize() waits for what is left;
 # "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
-# hook and waits in synchronize(). Measured on 2 ranks x 1 core (ResNet50 at 112 px, batch 8,
-# the two strategies alternating in one job, 28 steps each after the call-size trials):
-# - Open MPI 4.1: "thread" waits 0.6-1.3 ms per step on the main thread against 26-41 ms
-#   for "hook", at the same step time (within 0.4 % in four jobs); MPI_Iallreduce of 4 MB
-#   chunks took 35 ms for the set against 10 ms blocking (allreduce_bw), so not "nonblocking";
-# - MPICH 4.0 and Intel MPI 2021: "thread" waits 1.3-1.6 ms against 24-41 ms, but the steps
-#   took 12-13 % longer (their waiting thread competes with the compute for the core), so
-#   "hook".
+# hook and waits in synchronize(). Chosen by bench/progress_modes.py (2 ranks x 1 core,
+# ResNet50 at 112 px, batch 8; 3 jobs per MPI, bench/results/progress_modes-vm-
+# 20261129T194510.json): "thread" cut the main thread's wait for gradients to 0.02-0.05 of
+# "hook"'s on all three, and it is the default where it was also shown to cost no step time:
+# - MPICH 4.0: step time thread / hook 0.999 [0.973, 1.018]: "thread";
+# - Open MPI 4.1: 1.121 [0.987, 1.221] (jobs 1.19, 1.20, 0.99): "hook". Its waiting thread
+#   competes with the compute for the core. MPI_Iallreduce of 4 MB chunks took 35 ms for the
+#   set against 10 ms blocking (allreduce_bw), so not "nonblocking";
+# - Intel MPI 2021: 1.143 [1.094, 1.192]: "hook".
 # "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
 # non-blocking calls.
-PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
+PROGRESS = {"openmpi": "hook", "mpich": "thread", "intel": "hook", "other": "nonblocking"}
 
 # The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared

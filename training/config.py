@@ -61,6 +61,7 @@ class TrainConfig:
     framework: str = "pytorch"
     bucket_mb: float = BUCKET_MB
     overlap: bool = True
+    allreduce_progress: str | None = None   # hook | thread; None: the MPI family's
     verify_every: int = 50
     bn: str = "local"
     checkpoint_every: int = 0         # steps; 0 = end of each epoch only
@@ -167,6 +168,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "and --comm horovod, where Horovod fuses)")
     p.add_argument("--no-overlap", action="store_true",
                    help="blocking allreduce after backward instead of overlapping it")
+    p.add_argument("--allreduce-progress", choices=("hook", "thread"), default=None,
+                   help="--comm mpi: who makes the MPI calls during backward: the backward "
+                        "hooks (hook) or a communication thread while backward goes on "
+                        "(thread, needs MPI_THREAD_SERIALIZED); default: the MPI family's "
+                        "(MPICH: thread; Open MPI and Intel MPI: hook)")
     p.add_argument("--verify-every", type=int, default=50,
                    help="check replicas are identical every K steps (0: epoch ends only)")
     p.add_argument("--bn", choices=("local", "average"), default="local",
@@ -284,7 +290,8 @@ def parse(argv: list[str]) -> TrainConfig:
         generate_events=ns.generate, **image,
         comm=ns.comm or ("nccl" if ns.device == "cuda" else "mpi"), framework=ns.framework,
         bucket_mb=BUCKET_MB if ns.bucket_mb is None else ns.bucket_mb,
-        overlap=not ns.no_overlap, verify_every=ns.verify_every,
+        overlap=not ns.no_overlap, allreduce_progress=ns.allreduce_progress,
+        verify_every=ns.verify_every,
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
         seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
         channels_last=not ns.channels_first, prefetch=not ns.no_prefetch,
@@ -358,6 +365,15 @@ def check_options(ns: argparse.Namespace) -> None:
     if ns.precision not in (None, "fp32") and ns.device != "cuda":
         raise UserError(f"--precision {ns.precision} is for --device cuda; the CPU trains "
                         "in fp32", "add --device cuda on a GPU node, or leave --precision out")
+    if ns.allreduce_progress is not None:
+        comm = ns.comm or ("nccl" if ns.device == "cuda" else "mpi")
+        if comm != "mpi" or ns.framework != "pytorch" or ns.no_overlap or ns.device == "cuda":
+            raise UserError(
+                f"--allreduce-progress is for PyTorch on the CPU with --comm mpi, overlapping "
+                f"backward; this run uses --framework {ns.framework} --comm {comm}"
+                f"{' --device cuda' if ns.device == 'cuda' else ''}"
+                f"{' --no-overlap' if ns.no_overlap else ''}",
+                "leave --allreduce-progress out (the others make their own calls)")
     if ns.bucket_mb is not None and ns.framework == "tensorflow" and ns.comm == "horovod":
         raise UserError("--bucket-mb has no effect with --framework tensorflow --comm "
                         "horovod: Horovod fuses the tensors itself",

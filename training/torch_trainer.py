@@ -179,8 +179,14 @@ class TorchTrainer(Trainer):
             transport = TorchDistTransport("nccl")
         else:
             transport = MpiTransport(self.comm)
-        return {id(m): GradAllreducer(m, transport, bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
-                for m in self.task.modules.values()}
+        progress = cfg.allreduce_progress if isinstance(transport, MpiTransport) else None
+        reducers = {id(m): GradAllreducer(m, transport, bucket_mb=cfg.bucket_mb,
+                                          overlap=cfg.overlap, progress=progress)
+                    for m in self.task.modules.values()}
+        overlapping = {r.progress for r in reducers.values() if r.overlap}
+        if isinstance(transport, MpiTransport) and overlapping:
+            self.comm_detail = f" ({', '.join(sorted(overlapping))} progress)"
+        return reducers
 
     def _nccl(self) -> bool:
         """--comm nccl: start NCCL and say so; False (MPI through host memory, said too)

@@ -82,6 +82,7 @@ class Trainer(ABC):
         self.target_lr = cfg.lr * (self.world if cfg.lr_scaling == "linear" else 1)
         self.task = self._make_task()
         self.comm_backend = cfg.comm   # what averages the gradients; a hook may fall back
+        self.comm_detail = ""          # how, where the start line says more (e.g. progress)
         self.reducers = self._make_reducers()
         self.global_step = 0
         self.start_epoch, self.start_step = 0, 0
@@ -348,7 +349,8 @@ class Trainer(ABC):
                   f"{self.threads} thread(s), {recipe}batch {cfg.batch_size}/rank, "
                   f"lr {self.target_lr:g} ({cfg.lr_scaling} scaling of {cfg.lr:g}, decay "
                   f"{cfg.lr_decay}), {self.steps} steps/epoch, "
-                  f"{flops / 1e9:.3f} GFLOP/sample, comm {self.comm_backend}, "
+                  f"{flops / 1e9:.3f} GFLOP/sample, comm {self.comm_backend}"
+                  f"{self.comm_detail}, "
                   f"{prov.mpi_library_version[:40]}, stall timeout {self.watch.describe()}",
                   flush=True)
             if self.validator is not None:
