@@ -48,6 +48,38 @@ def gan_data(workdir: Path, events: int = 1024) -> Path:
     return data
 
 
+def model_and_loss(name: str, batch: int, image: int):
+    """A model of the PyTorch benchmarks and its loss on fixed synthetic data, batch
+    ``batch``: ``resnet50`` (ImageNet-shaped ``image`` px, 1000 classes) or the 3DGAN's
+    generator and discriminator, one forward/backward through both."""
+    import torch
+
+    from hpcai.models import gan3d, resnet
+
+    if name == "resnet50":
+        model = resnet.resnet50()
+        x = torch.randn(batch, 3, image, image)
+        y = torch.randint(0, 1000, (batch,))
+
+        def loss_fn(m):
+            return torch.nn.functional.cross_entropy(m(x), y)
+        return model, loss_fn
+
+    class GanPair(torch.nn.Module):
+        """Generator and discriminator, one forward/backward through both."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.G = gan3d.Generator()
+            self.D = gan3d.Discriminator()
+
+        def forward(self, z):
+            return sum(o.float().mean() for o in self.D(self.G(z)))
+
+    z = torch.randn(batch, gan3d.Generator().latent)
+    return GanPair(), lambda m: m(z)
+
+
 # -- trials ------------------------------------------------------------------------------
 def alternating_order(sides: Sequence[str], trials: int) -> list[str]:
     """``trials`` runs of every side in palindromic rounds (A B B A ..., A B C C B A ...),

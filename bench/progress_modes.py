@@ -5,8 +5,9 @@
 while backward goes on (``thread``). This benchmark is the measurement behind that choice.
 
 Per MPI (``--mpi``, default Open MPI, MPICH and Intel MPI), ``--runs`` fresh 2-rank jobs,
-1 core per rank (``hpcai-launch -N 2 --threads-per-rank 1``), per model (ResNet50 at ``--image-size`` px and
-the 3DGAN's generator and discriminator, batch ``--batch-size`` per rank, SGD with momentum):
+1 core per rank (``hpcai-launch -N 2 --threads-per-rank 1``), per model
+(``common.model_and_loss``: ResNet50 at ``--image-size`` px and the 3DGAN's generator and
+discriminator, batch ``--batch-size`` per rank, SGD with momentum):
 two copies of the model, one per strategy, each with its own ``GradAllreducer`` with the
 engine's defaults otherwise. Their training steps alternate (A B B A ...): first until
 neither reducer is trying call sizes any more, plus ``--warmup`` pairs, then ``--steps``
@@ -37,34 +38,11 @@ import sys
 import time
 from pathlib import Path
 
-from common import (RESULTS, Row, launch_stats, loopback_env, print_rows, provenance,
-                    write_result)
+from common import (RESULTS, Row, launch_stats, loopback_env, model_and_loss, print_rows,
+                    provenance, write_result)
 
 MODES = ("hook", "thread")
 TARGET = 1.03
-
-
-def _model(name: str, batch: int, image: int):
-    import torch
-
-    from hpcai.models import gan3d, resnet
-
-    if name == "resnet50":
-        x = torch.randn(batch, 3, image, image)
-        y = torch.randint(0, 1000, (batch,))
-        return resnet.resnet50(), lambda m: torch.nn.functional.cross_entropy(m(x), y)
-
-    class GanPair(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.G = gan3d.Generator()
-            self.D = gan3d.Discriminator()
-
-        def forward(self, z):
-            return sum(o.float().mean() for o in self.D(self.G(z)))
-
-    z = torch.randn(batch, gan3d.Generator().latent)
-    return GanPair(), lambda m: m(z)
 
 
 def _as_rank(args: argparse.Namespace) -> int:
@@ -79,7 +57,7 @@ def _as_rank(args: argparse.Namespace) -> int:
     out = {}
     for name in args.models.split(","):
         torch.manual_seed(0)
-        model, loss_fn = _model(name, args.batch_size, args.image_size)
+        model, loss_fn = model_and_loss(name, args.batch_size, args.image_size)
         sides = {}
         for mode in MODES:
             m = copy.deepcopy(model)
@@ -199,7 +177,8 @@ def main() -> int:
               f"{PROGRESS.get(family)!r}", flush=True)
     settings = {"ranks": 2, "threads_per_rank": 1, "models": args.models,
                 "batch_per_rank": args.batch_size, "resnet50_image": args.image_size,
-                "jobs_per_mpi": args.runs, "steps": args.steps, "warmup_pairs": args.warmup, "optimizer": "SGD momentum 0.9",
+                "jobs_per_mpi": args.runs, "steps": args.steps, "warmup_pairs": args.warmup,
+                "optimizer": "SGD momentum 0.9",
                 "chosen": chosen, "progress_table": dict(PROGRESS)}
     path = write_result("progress_modes", info, rows, trials, settings, args.results)
     if args.json:

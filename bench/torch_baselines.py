@@ -53,38 +53,8 @@ import time
 
 from pathlib import Path
 
-from common import (RESULTS, RatioStats, Row, loopback_env, print_rows, provenance, verdict,
-                    write_result)
-
-
-
-def _model(name: str, batch: int, image: int):
-    import torch
-
-    from hpcai.models import gan3d, resnet
-
-    if name == "resnet50":
-        model = resnet.resnet50()
-        x = torch.randn(batch, 3, image, image)
-        y = torch.randint(0, 1000, (batch,))
-
-        def loss_fn(m):
-            return torch.nn.functional.cross_entropy(m(x), y)
-        return model, loss_fn
-
-    class GanPair(torch.nn.Module):
-        """Generator and discriminator, one forward/backward through both."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.G = gan3d.Generator()
-            self.D = gan3d.Discriminator()
-
-        def forward(self, z):
-            return sum(o.float().mean() for o in self.D(self.G(z)))
-
-    z = torch.randn(batch, gan3d.Generator().latent)
-    return GanPair(), lambda m: m(z)
+from common import (RESULTS, RatioStats, Row, loopback_env, model_and_loss, print_rows,
+                    provenance, verdict, write_result)
 
 
 def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
@@ -95,7 +65,7 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     torch.manual_seed(0)
-    model, loss_fn = _model(model_name, args.batch_size, args.image_size)
+    model, loss_fn = model_and_loss(model_name, args.batch_size, args.image_size)
     steps, warmup, port = args.steps, args.warmup, args.port
     plain = copy.deepcopy(model)          # the same step without any communication
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)

@@ -30,6 +30,8 @@ transport reduces a host copy of each (``_Staged``), then copies the sum back.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -296,9 +298,6 @@ class _CommThread:
     ``MPI_THREAD_SERIALIZED`` only. A call that raised is raised again by :meth:`drain`."""
 
     def __init__(self) -> None:
-        import queue
-        import threading
-
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._handed = False   # calls handed over since the last drain
@@ -322,8 +321,6 @@ class _CommThread:
 
     def drain(self) -> None:
         """Wait until every call handed over so far has returned."""
-        import threading
-
         if self._handed:
             done = threading.Event()
             self._queue.put(done.set)
@@ -447,7 +444,7 @@ class GradAllreducer:
                           for i, (p, v) in enumerate(zip(b.params, b.views))}
         self._pending: list = []
         self._accumulated = False
-        self._wait_mark = 0.0   # stats.wait_s when the last synchronize returned
+        self._hook_wait = 0.0   # the main thread's seconds in this step's hooks
         self._handles = []
         if self.size > 1:
             self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -592,7 +589,9 @@ class GradAllreducer:
                 self._advance(bucket.stream, final=False)
             else:
                 self._reduce(bucket)
-        self.stats.wait_s += time.perf_counter() - start   # the main thread's, in backward
+        took = time.perf_counter() - start
+        self.stats.wait_s += took   # the main thread's, in backward
+        self._hook_wait += took
 
     def _advance(self, stream: _Stream, final: bool) -> None:
         """Reduce the stream's complete chunks: those its complete leading buckets cover
@@ -612,9 +611,7 @@ class GradAllreducer:
         if end > sent:   # every complete call at once: the transport loops over them
             if self._thread is not None and not final:
                 self._thread.submit(lambda: self._call(stream, sent, end, chunk))
-            else:   # synchronize's calls: nothing left to overlap, the main thread makes them
-                if self._thread is not None:
-                    self._drain()
+            else:   # synchronize's calls (after the thread's): the main thread makes them
                 self._call(stream, sent, end, chunk)
             self.stats.allreduces += -(-(end - sent) // chunk)
             self.stats.bytes += (end - sent) * stream.flat.element_size()
@@ -673,7 +670,7 @@ class GradAllreducer:
         """Finish averaging; afterwards every rank holds the same mean gradients."""
         if self.size == 1:
             return
-        start, before = time.perf_counter(), self.stats.wait_s
+        start, before, in_hooks = time.perf_counter(), self.stats.wait_s, self._hook_wait
         if self._accumulated:
             self._reset()
             raise RuntimeError(
@@ -693,21 +690,19 @@ class GradAllreducer:
             for bucket in self.buckets:
                 if bucket.stream is None:
                     self._reduce(bucket)
+        if self._thread is not None:
+            self._drain()   # its calls come before the last ones, made here
         for stream in self.streams:
             self._advance(stream, final=True)
-        if self._thread is not None:
-            self._drain()
         # what a stream's tuner compares: with a comm thread, the main thread's wait in this
         # step (a size that overlaps more can take longer in its calls and still wait less);
         # else the seconds in the stream's calls
-        in_hooks = before - self._wait_mark if before >= self._wait_mark else before  # reset
         exposed = in_hooks + time.perf_counter() - start
         for stream in self.streams:
             if stream.tuner is not None:
                 self._tune(stream, exposed if self._thread is not None else stream.call_s)
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
-        self._wait_mark = self.stats.wait_s
 
     def _tune(self, stream: _Stream, seconds: float) -> None:
         """Record this step's ``seconds``; set the next step's call size (:class:`_Tuner`)."""
@@ -729,6 +724,7 @@ class GradAllreducer:
             stream.reset()
         self._pending = []
         self._accumulated = False
+        self._hook_wait = 0.0
 
     def close(self) -> None:
         for handle in self._handles:
