@@ -9,7 +9,8 @@ Per MPI (``--mpi``, default Open MPI, MPICH and Intel MPI), ``--runs`` fresh 2-r
 (``common.model_and_loss``: ResNet50 at ``--image-size`` px and the 3DGAN's generator and
 discriminator, batch ``--batch-size`` per rank, SGD with momentum):
 two copies of the model, one per strategy, each with its own ``GradAllreducer`` with the
-engine's defaults otherwise. Their training steps alternate (A B B A ...): first until
+engine's defaults otherwise, and both with the environment ``train`` gives the engine
+(``allreduce.THREAD_ENV``: Open MPI's waiting calls yield the core). Their training steps alternate (A B B A ...): first until
 neither reducer is trying call sizes any more, plus ``--warmup`` pairs, then ``--steps``
 measured pairs. Per step: the slower rank's step time, and the main thread's wait for
 gradients (``SyncStats.wait_s``) of the rank that had its gradients last (the least over the
@@ -47,11 +48,14 @@ TARGET = 1.03
 
 def _as_rank(args: argparse.Namespace) -> int:
     import copy
+    import os
 
     import torch
-    from mpi4py import MPI
 
-    from hpcai.training.allreduce import GradAllreducer, MpiTransport
+    from hpcai.training.allreduce import GradAllreducer, MpiTransport, thread_env
+
+    os.environ.update(thread_env(os.environ))   # as train sets it, before MPI starts
+    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     out = {}

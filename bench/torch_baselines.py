@@ -11,7 +11,8 @@ over the measured loop (``/proc/self/task``), which shows what a background thre
 Sides:
 
 - ``hpcai``: the engine's ``GradAllreducer`` with its defaults (4 MiB buckets, overlap with
-  backward, mpi4py on the job's MPI);
+  backward, the MPI family's progress, mpi4py on the job's MPI), with the environment
+  ``train`` gives it (``allreduce.THREAD_ENV``);
 - ``horovod``: ``hvd.DistributedOptimizer`` with Horovod's defaults (fusion buffer, cycle
   time, overlap with backward; no HOROVOD_* variable set), as Horovod's PyTorch examples
   use it;
@@ -61,6 +62,11 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
     import copy
 
     import torch
+
+    if side == "hpcai":   # the environment train gives the engine, before MPI starts
+        from hpcai.training.allreduce import thread_env
+
+        os.environ.update(thread_env(os.environ))
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -509,3 +509,27 @@ def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(line for line in result.stdout.splitlines() if line.endswith(("ok", "FAIL")))
     assert lines == [f"{family or 'intel'} {calls} ok"] * 2, result.stdout
+
+
+_FAMILY_PROGRESS = """
+import os, sys
+from hpcai.training.allreduce import MpiTransport, thread_env
+if sys.argv[1] == "train":
+    os.environ.update(thread_env(os.environ))
+from mpi4py import MPI
+t = MpiTransport(MPI.COMM_WORLD)
+print(t.family, t.progress, os.environ.get("OMPI_MCA_mpi_yield_when_idle"))
+"""
+
+
+@pytest.mark.parametrize("how, env, want", [
+    ("train", {}, "openmpi thread 1"),                   # what train sets before MPI starts
+    ("train", {"OMPI_MCA_mpi_yield_when_idle": "0"}, "openmpi hook 0"),   # the user's kept
+    ("bare", {}, "openmpi hook None"),                   # nobody set it: no spinning thread
+])
+def test_open_mpi_threads_its_calls_only_where_its_waits_yield(how, env, want):
+    import sys
+
+    result = run([sys.executable, "-c", _FAMILY_PROGRESS, how], base_env(**env), timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == want

@@ -36,7 +36,8 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
         assert len(line) < 160 and "% of fp32 peak" in line and "worst sum/E" in line, line
         assert "GFLOP/s" not in line and "profile_distance" not in line, line
     assert "recipe learning (--batch-size given)," in result.stdout   # said at the start
-    assert "comm mpi (hook progress)," in result.stdout   # Open MPI's default
+    # Open MPI's default: a communication thread, its waits yielding (train sets it)
+    assert "comm mpi (thread progress)," in result.stdout
     epochs = records(out)
     assert [r["epoch"] for r in epochs] == [0, 1]
     for line in (out / "epochs.jsonl").read_text().splitlines():   # the typed record reads it
@@ -80,15 +81,15 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
 
 
 def test_resnet_records_and_lr_warmup(tmp_path):
-    """Also: the MPI calls made by a communication thread (``--allreduce-progress thread``),
-    said at the start, with the replicas compared every 5 steps (the 3DGAN run above, with
-    the default, is the control of the start line)."""
+    """Also: the MPI calls made by the backward hooks (``--allreduce-progress hook``), said
+    at the start, with the replicas compared every 5 steps (the 3DGAN run above, with the
+    default, is the control of the start line)."""
     out = tmp_path / "run"
     result = train(2, *TINY, "--samples", "64", "--epochs", "2", "--warmup-epochs", "1",
                    "--lr", "0.01", "--out", str(out), "--bn", "average",
-                   "--allreduce-progress", "thread")
+                   "--allreduce-progress", "hook")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "comm mpi (thread progress)," in result.stdout
+    assert "comm mpi (hook progress)," in result.stdout
     epochs = records(out)
     assert [r["steps"] for r in epochs] == [8, 8]
     assert epochs[0]["lr"] < 0.02 and epochs[1]["lr"] == pytest.approx(0.02)

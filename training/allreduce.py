@@ -30,6 +30,7 @@ transport reduces a host copy of each (``_Staged``), then copies the sum back.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -57,6 +58,8 @@ class MpiTransport:
         self.size = comm.Get_size()
         self.family = mpi_family()
         self.progress = PROGRESS[self.family]
+        if self.progress == "thread" and not thread_env_set(self.family):
+            self.progress = "hook"   # its waiting thread would spin on backward's core
         # blocking calls from a second thread (``thread`` progress) need this much
         self.threads = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
 
@@ -382,17 +385,44 @@ def mpi_family() -> str:
 # are complete, so backward goes on while they run, and synchronize() waits for what is left;
 # "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
 # hook and waits in synchronize(). Chosen by bench/progress_modes.py (2 ranks x 1 core,
-# ResNet50 at 112 px, batch 8; 3 jobs per MPI, bench/results/progress_modes-vm-
-# 20261129T194510.json): "thread" cut the main thread's wait for gradients to 0.02-0.05 of
-# "hook"'s on all three, and it is the default where it was also shown to cost no step time:
-# - MPICH 4.0: step time thread / hook 0.999 [0.973, 1.018]: "thread";
-# - Open MPI 4.1: 1.121 [0.987, 1.221] (jobs 1.19, 1.20, 0.99): "hook". Its waiting thread
-#   competes with the compute for the core. MPI_Iallreduce of 4 MB chunks took 35 ms for the
-#   set against 10 ms blocking (allreduce_bw), so not "nonblocking";
+# ResNet50 at 112 px, batch 8; 3 jobs per MPI, run with THREAD_ENV set): "thread" cut the
+# main thread's wait for gradients to 0.02-0.05 of "hook"'s on all three, and it is the
+# default where it was also shown to cost no step time:
+# - MPICH 4.0: step time thread / hook 0.999 [0.973, 1.018]: "thread"
+#   (progress_modes-vm-20261129T194510.json);
+# - Open MPI 4.1: "thread" with THREAD_ENV (see there); without it 1.121 [0.987, 1.221]
+#   (jobs 1.19, 1.20, 0.99), so "hook" when the variable is off. MPI_Iallreduce of 4 MB
+#   chunks took 35 ms for the set against 10 ms blocking (allreduce_bw), so not
+#   "nonblocking";
 # - Intel MPI 2021: 1.143 [1.094, 1.192]: "hook".
 # "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
 # non-blocking calls.
-PROGRESS = {"openmpi": "hook", "mpich": "thread", "intel": "hook", "other": "nonblocking"}
+PROGRESS = {"openmpi": "thread", "mpich": "thread", "intel": "hook", "other": "nonblocking"}
+
+# What a family's "thread" progress needs in the environment before MPI starts. Open MPI's
+# blocking calls poll without pause, so its communication thread held the core that
+# backward runs on; with mpi_yield_when_idle (on by default only when mpirun oversubscribes
+# a node) they give the core up between polls. ``train`` sets it (:func:`thread_env`)
+# unless the user did; where it is off, Open MPI's default is "hook".
+THREAD_ENV = {"openmpi": ("OMPI_MCA_mpi_yield_when_idle", "1")}
+
+
+def thread_env(environ) -> dict[str, str]:
+    """The variables of :data:`THREAD_ENV` that ``environ`` lacks (set them before MPI
+    starts: the family is known only after). A value the user set is kept."""
+    return {key: value for key, value in THREAD_ENV.values() if key not in environ}
+
+
+def thread_env_set(family: str, environ=None) -> bool:
+    """Whether ``family``'s :data:`THREAD_ENV` variable is on in ``environ`` (this
+    process's: what MPI read when it started)."""
+    import os
+
+    if family not in THREAD_ENV:
+        return True
+    key, _ = THREAD_ENV[family]
+    value = (os.environ if environ is None else environ).get(key, "")
+    return value.strip().lower() in ("1", "true", "yes", "enabled")
 
 # The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared

@@ -7,7 +7,8 @@ Order of events on every rank:
    layout, comm backend, with ``--resume`` the checkpoint to resume from) - a user error
    stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
 3. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
-   placement plan;
+   placement plan; before it, what the engine's communication thread needs from MPI
+   (``allreduce.thread_env``: Open MPI's waiting calls yield the core);
 4. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
    TensorFlow path never imports torch): data generated if asked, rank 0's weights
    broadcast and proven bit-identical on all ranks (CRC32), then the epochs under the stall
@@ -33,6 +34,10 @@ def run(cfg: TrainConfig) -> int:
 
         _set_tf_threads()
     else:
+        if _mpi_overlap(cfg) and cfg.allreduce_progress != "hook":
+            from .allreduce import thread_env
+
+            os.environ.update(thread_env(os.environ))   # read by MPI when it starts
         from .torch_trainer import TorchTrainer as Trainer
 
         _set_threads()
@@ -44,6 +49,11 @@ def run(cfg: TrainConfig) -> int:
     with abort_on_error(comm):
         return Trainer(cfg, comm, checked, preemption).fit()
     return 1  # not reached: abort_on_error aborts
+
+
+def _mpi_overlap(cfg: TrainConfig) -> bool:
+    """Whether the engine reduces PyTorch gradients over MPI while backward runs."""
+    return cfg.comm == "mpi" and cfg.device == "cpu" and cfg.overlap
 
 
 def _planned_threads(default: int) -> tuple[int, int]:
