@@ -18,7 +18,7 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 
 VARIANTS = [("mlp", ()), ("mlp", ("--blocking",)), ("mlp", ("--progress", "nonblocking")),
-            ("mlp", ("--progress", "hook")),
+            ("mlp", ("--progress", "thread")),
             ("mlp", ("--progress", "hook", "--loss-divided")),
             ("mlp", ("--blocking", "--loss-divided")),
             ("gan-d", ()), ("gan-d", ("--loss-divided",)), ("gan-g", ())]

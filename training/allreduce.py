@@ -385,19 +385,20 @@ def mpi_family() -> str:
 # are complete, so backward goes on while they run, and synchronize() waits for what is left;
 # "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
 # hook and waits in synchronize(). Chosen by bench/progress_modes.py (2 ranks x 1 core,
-# ResNet50 at 112 px, batch 8; 3 jobs per MPI, run with THREAD_ENV set): "thread" cut the
-# main thread's wait for gradients to 0.02-0.05 of "hook"'s on all three, and it is the
-# default where it was also shown to cost no step time:
-# - MPICH 4.0: step time thread / hook 0.999 [0.973, 1.018]: "thread"
-#   (progress_modes-vm-20261129T194510.json);
-# - Open MPI 4.1: "thread" with THREAD_ENV (see there); without it 1.121 [0.987, 1.221]
-#   (jobs 1.19, 1.20, 0.99), so "hook" when the variable is off. MPI_Iallreduce of 4 MB
-#   chunks took 35 ms for the set against 10 ms blocking (allreduce_bw), so not
-#   "nonblocking";
-# - Intel MPI 2021: 1.143 [1.094, 1.192]: "hook".
+# ResNet50 at 112 px, batch 8, with THREAD_ENV set; 4 jobs per MPI, bench/results/
+# progress_modes-vm-20261129T225740.json): "thread" cut the main thread's wait for gradients
+# to 0.03-0.07 of "hook"'s on all three, and it is the default where it was also shown to
+# cost no step time (step time thread / hook, whole interval <= 1.03):
+# - Open MPI 4.1: 0.996 [0.977, 1.011]: "thread", with THREAD_ENV; without it 1.121
+#   [0.987, 1.221] (progress_modes-vm-20261129T194510.json), so "hook" where it is off.
+#   MPI_Iallreduce of 4 MB chunks took 35 ms for the set against 10 ms blocking
+#   (allreduce_bw), so not "nonblocking";
+# - MPICH 4.0: 1.090 [0.976, 1.131] (jobs 0.96, 1.11, 1.14, 1.07; 0.999 [0.973, 1.018] in
+#   the earlier run): "hook";
+# - Intel MPI 2021: 1.073 [1.058, 1.107]: "hook".
 # "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
 # non-blocking calls.
-PROGRESS = {"openmpi": "thread", "mpich": "thread", "intel": "hook", "other": "nonblocking"}
+PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
 
 # What a family's "thread" progress needs in the environment before MPI starts. Open MPI's
 # blocking calls poll without pause, so its communication thread held the core that
@@ -416,8 +417,6 @@ def thread_env(environ) -> dict[str, str]:
 def thread_env_set(family: str, environ=None) -> bool:
     """Whether ``family``'s :data:`THREAD_ENV` variable is on in ``environ`` (this
     process's: what MPI read when it started)."""
-    import os
-
     if family not in THREAD_ENV:
         return True
     key, _ = THREAD_ENV[family]
