@@ -1,7 +1,9 @@
 """Step time and exposed gradient-sync time, PyTorch, 2 ranks x 1 thread: hpcai's engine
 against the stock baselines a Horovod or DDP user would run, side by side in one run.
 
-Each trial is a fresh ``hpcai-launch -N 2`` job of one side: ``--warmup`` + ``--steps``
+Each trial is a fresh ``hpcai-launch -N 2`` job of one side (hpcai's first runs synced
+steps until its reducer has chosen its call size, the engine's start-up: ``_Tuner``, about
+26 steps), then ``--warmup`` + ``--steps``
 training steps of the same model, batch, optimiser (SGD) and synthetic data, each followed or
 preceded (alternately) by the same step on an unwrapped copy of the model with no
 communication. Per step the slower rank's time counts; a trial gives the median synced step
@@ -138,6 +140,10 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
         loss_fn(plain).backward()
         plain_opt.step()
 
+    tuning_steps = 0
+    while side == "hpcai" and reducer.tuning and tuning_steps < 100:
+        synced()   # the engine's first steps try call sizes (_Tuner): its start-up, not its step
+        tuning_steps += 1
     times: dict[str, list[float]] = {"synced": [], "local": [], "wait": []}
     cpu_before = thread_cpu_s()
     for i in range(warmup + steps):   # synced and local steps alternate: A B B A ...
@@ -167,6 +173,7 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
                               a - b for a, b in zip(slowest["synced"], slowest["local"])),
                           "sync_wait_s": statistics.median(slowest["wait"]),
                           "steps_s": slowest, "threads": torch.get_num_threads(),
+                          "tuning_steps": tuning_steps,
                           "rank0_thread_cpu_s": [t for t in threads if t[1] > 0]}))
     if side.startswith("ddp"):
         # gloo's threads and interpreter exit raced here: once SIGABRT in
