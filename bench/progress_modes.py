@@ -49,13 +49,12 @@ TARGET = 1.03
 
 def _as_rank(args: argparse.Namespace) -> int:
     import copy
-    import os
 
     import torch
 
-    from hpcai.training.allreduce import GradAllreducer, MpiTransport, thread_env
+    from hpcai.training.allreduce import GradAllreducer, MpiTransport, set_thread_env
 
-    os.environ.update(thread_env(os.environ))   # as train sets it, before MPI starts
+    set_thread_env()   # as train sets it, before MPI starts
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

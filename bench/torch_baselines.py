@@ -66,9 +66,9 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
     import torch
 
     if side == "hpcai":   # the environment train gives the engine, before MPI starts
-        from hpcai.training.allreduce import thread_env
+        from hpcai.training.allreduce import set_thread_env
 
-        os.environ.update(thread_env(os.environ))
+        set_thread_env()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -513,9 +513,9 @@ def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls):
 
 _FAMILY_PROGRESS = """
 import os, sys
-from hpcai.training.allreduce import MpiTransport, thread_env
+from hpcai.training.allreduce import MpiTransport, set_thread_env
 if sys.argv[1] == "train":
-    os.environ.update(thread_env(os.environ))
+    set_thread_env()
 from mpi4py import MPI
 t = MpiTransport(MPI.COMM_WORLD)
 print(t.family, t.progress, os.environ.get("OMPI_MCA_mpi_yield_when_idle"))

@@ -58,7 +58,7 @@ class MpiTransport:
         self.size = comm.Get_size()
         self.family = mpi_family()
         self.progress = PROGRESS[self.family]
-        if self.progress == "thread" and not thread_env_set(self.family):
+        if self.progress == "thread" and not thread_env_on(self.family):
             self.progress = "hook"   # its waiting thread would spin on backward's core
         # blocking calls from a second thread (``thread`` progress) need this much
         self.threads = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
@@ -403,25 +403,25 @@ PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "non
 # What a family's "thread" progress needs in the environment before MPI starts. Open MPI's
 # blocking calls poll without pause, so its communication thread held the core that
 # backward runs on; with mpi_yield_when_idle (on by default only when mpirun oversubscribes
-# a node) they give the core up between polls. ``train`` sets it (:func:`thread_env`)
+# a node) they give the core up between polls. ``train`` sets it (:func:`set_thread_env`)
 # unless the user did; where it is off, Open MPI's default is "hook".
 THREAD_ENV = {"openmpi": ("OMPI_MCA_mpi_yield_when_idle", "1")}
 
 
-def thread_env(environ) -> dict[str, str]:
-    """The variables of :data:`THREAD_ENV` that ``environ`` lacks (set them before MPI
-    starts: the family is known only after). A value the user set is kept."""
-    return {key: value for key, value in THREAD_ENV.values() if key not in environ}
+def set_thread_env() -> None:
+    """Set this process's :data:`THREAD_ENV` variables before MPI starts (the family is
+    known only after); a value the user set is kept."""
+    for key, value in THREAD_ENV.values():
+        os.environ.setdefault(key, value)
 
 
-def thread_env_set(family: str, environ=None) -> bool:
-    """Whether ``family``'s :data:`THREAD_ENV` variable is on in ``environ`` (this
-    process's: what MPI read when it started)."""
+def thread_env_on(family: str) -> bool:
+    """Whether ``family``'s :data:`THREAD_ENV` variable is on in this process (what MPI read
+    when it started)."""
     if family not in THREAD_ENV:
         return True
     key, _ = THREAD_ENV[family]
-    value = (os.environ if environ is None else environ).get(key, "")
-    return value.strip().lower() in ("1", "true", "yes", "enabled")
+    return os.environ.get(key, "").strip().lower() in ("1", "true", "yes", "enabled")
 
 # The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared

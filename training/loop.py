@@ -8,7 +8,7 @@ Order of events on every rank:
    stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
 3. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
    placement plan; before it, what the engine's communication thread needs from MPI
-   (``allreduce.thread_env``: Open MPI's waiting calls yield the core);
+   (``allreduce.set_thread_env``: Open MPI's waiting calls yield the core);
 4. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
    TensorFlow path never imports torch): data generated if asked, rank 0's weights
    broadcast and proven bit-identical on all ranks (CRC32), then the epochs under the stall
@@ -35,9 +35,9 @@ def run(cfg: TrainConfig) -> int:
         _set_tf_threads()
     else:
         if _mpi_overlap(cfg) and cfg.allreduce_progress != "hook":
-            from .allreduce import thread_env
+            from .allreduce import set_thread_env
 
-            os.environ.update(thread_env(os.environ))   # read by MPI when it starts
+            set_thread_env()   # read by MPI when it starts
         from .torch_trainer import TorchTrainer as Trainer
 
         _set_threads()
