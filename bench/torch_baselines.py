@@ -13,8 +13,10 @@ over the measured loop (``/proc/self/task``), which shows what a background thre
 Sides:
 
 - ``hpcai``: the engine's ``GradAllreducer`` with its defaults (4 MiB buckets, overlap with
-  backward, the MPI family's progress, mpi4py on the job's MPI), with the environment
-  ``train`` gives it (``allreduce.THREAD_ENV``);
+  backward, the MPI family's progress, mpi4py on the job's MPI), run as ``train`` runs it:
+  with the environment it gives the engine (``allreduce.THREAD_ENV``) and backward through
+  ``GradAllreducer.backward`` (the loss divided by the world size, so no pass divides the
+  gradients);
 - ``horovod``: ``hvd.DistributedOptimizer`` with Horovod's defaults (fusion buffer, cycle
   time, overlap with backward; no HOROVOD_* variable set), as Horovod's PyTorch examples
   use it;
@@ -78,12 +80,10 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
     plain = copy.deepcopy(model)          # the same step without any communication
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    finish = None
     if side == "hpcai":
         from hpcai.training.allreduce import GradAllreducer, MpiTransport
 
         reducer = GradAllreducer(model, MpiTransport(comm))
-        finish = reducer.synchronize
     elif side == "horovod":
         import horovod.torch as hvd
 
@@ -116,11 +116,11 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
         if side == "hpcai":
             opt.zero_grad(set_to_none=False)   # gradients stay views into the buckets
             before = reducer.stats.wait_s
+            reducer.backward(loss_fn(model))   # as train: the loss divided by the world size
+            reducer.synchronize()
         else:
             opt.zero_grad()
-        loss_fn(model).backward()
-        if finish:
-            finish()
+            loss_fn(model).backward()
         if side == "horovod":
             opt.synchronize()
         if side != "hpcai":

@@ -414,7 +414,7 @@ def _record(out: dict, key: str, total: torch.Tensor, parts, host: bool = True) 
 def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
                   opt_d: torch.optim.Optimizer, x: torch.Tensor, e: torch.Tensor,
                   rng: torch.Generator,
-                  after_backward: Callable[[nn.Module], None] | None = None,
+                  backward: Callable[[nn.Module, torch.Tensor], None] | None = None,
                   d_bn_in_g_steps: str = "freeze",
                   loss_weights: tuple[float, float, float] = LOSS_WEIGHTS,
                   host: bool = True) -> dict:
@@ -425,8 +425,9 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
     ``host`` False: the losses come back as 0-d tensors on the models' device, and nothing
     in the iteration waits for the device (the trainer reads them once per epoch).
 
-    ``after_backward(module)`` is called after every ``backward()`` and before the matching
-    ``step()`` with the module about to be stepped (D or G), e.g. to allreduce its gradients.
+    ``backward(module, loss)``, where given, replaces every ``loss.backward()``, with the module
+    about to be stepped (D or G): it leaves that module's gradients ready for the matching
+    ``step()``, e.g. computed from the loss divided by the world size and summed across ranks.
     Returns float losses: ``d_real``, ``d_fake``, ``g1``, ``g2`` (weighted totals), each with
     ``_bce``, ``_aux``, ``_ecal`` parts, plus ``g`` = mean of the two generator totals.
     """
@@ -435,9 +436,10 @@ def gan_iteration(G: Generator, D: Discriminator, opt_g: torch.optim.Optimizer,
     out: dict[str, float] = {}
 
     def step(module: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-        loss.backward()
-        if after_backward is not None:
-            after_backward(module)
+        if backward is None:
+            loss.backward()
+        else:
+            backward(module, loss)
         opt.step()
 
     # 1. D on the real batch

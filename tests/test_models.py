@@ -337,7 +337,8 @@ def test_gan_iteration(default_iteration):
     calls: list[tuple[str, bool]] = []
     d_after_d_steps: list[torch.Tensor] = []
 
-    def after_backward(module: nn.Module) -> None:
+    def backward(module: nn.Module, loss: torch.Tensor) -> None:
+        loss.backward()
         has_grads = all(p.grad is not None for p in module.parameters())
         other = D if module is G else G
         calls.append(("G" if module is G else "D", has_grads))
@@ -348,7 +349,7 @@ def test_gan_iteration(default_iteration):
             if not d_after_d_steps:
                 d_after_d_steps.extend(p.detach().clone() for p in D.parameters())
 
-    losses = gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng(40), after_backward)
+    losses = gan3d.gan_iteration(G, D, opt_g, opt_d, x, e, rng(40), backward)
     assert calls == [("D", True), ("D", True), ("G", True), ("G", True)]
     for key in ("d_real", "d_fake", "g1", "g2", "g"):
         assert math.isfinite(losses[key]), key

@@ -9,16 +9,18 @@ the reduction works in place: nothing is copied in or out (zero gradients in pla
 and re-pointed).
 
 A post-accumulate-grad hook on every parameter counts arrivals. When a bucket is complete,
-the hook scales it to this rank's share of the mean (``div_`` by the world size while
-backward has just written it; nothing when the loss was divided instead, by
-:meth:`GradAllreducer.backward`), and in overlap mode reduces it with one call: a blocking
-``MPI_Allreduce`` right there, the same call handed to a communication thread while backward
-goes on, or a non-blocking ``MPI_Iallreduce`` poked by the later hooks (``progress``, chosen
-per MPI family: :data:`PROGRESS`). The sum of the shares is the mean, so
-no pass follows the reduction. :meth:`synchronize` reduces what backward did not complete
-(unused parameters), waits for pending reductions and leaves every rank with the mean. Call
-it once after every backward: a second gradient before it (accumulation) is an error. Blocking
-mode (``overlap=False``) reduces all buckets in ``synchronize``, after a barrier that measures
+the hook scales it to this rank's share of the mean: nothing when the loss was divided by
+the world size, by :meth:`GradAllreducer.backward` (as ``train`` runs backward), else a
+``div_`` while backward has just written it (a pass over the gradients on the main thread:
+8-10 ms more per ResNet50 exchange, ``bench/allreduce_bw.py``).
+In overlap mode it reduces the bucket with one call: a blocking ``MPI_Allreduce`` right
+there, the same call handed to a communication thread while backward goes on, or a
+non-blocking ``MPI_Iallreduce`` poked by the later hooks (``progress``, chosen per MPI
+family: :data:`PROGRESS`). The sum of the shares is the mean, so no pass follows the
+reduction. :meth:`synchronize` reduces what backward did not complete (unused parameters),
+waits for pending reductions and leaves every rank with the mean. Call it once after every
+backward: a second gradient before it (accumulation) is an error. Blocking mode
+(``overlap=False``) reduces all buckets in ``synchronize``, after a barrier that measures
 how long the fastest rank waited for the slowest (load imbalance, reported apart from the
 transfer).
 

@@ -1,8 +1,9 @@
 """The PyTorch models as training tasks: modules, optimisers, one training step, FLOPs per
 sample (counted by ``torch.utils.flop_counter`` on shape-only copies, ``META``).
 
-A task owns no communication: ``train_step`` takes an ``after_backward(module)`` callback that
-the engine uses to average gradients before each optimiser step. Batches arrive as NumPy
+A task owns no communication: ``train_step`` takes a ``backward(module, loss)`` callback that
+replaces ``loss.backward()``; the engine uses it to compute gradients from the loss divided by
+the world size and to average them before each optimiser step. Batches arrive as NumPy
 arrays, wrapped as tensors without a copy, or with ``--device cuda`` as tensors already on
 the GPU or in pinned host memory (``device_data``); what goes back to NumPy is copied to the
 host. ``train_step`` returns its losses as 0-d tensors where the step ran, so that no step
@@ -187,14 +188,14 @@ class GanTask:
         return {"generator": self.opt_g, "discriminator": self.opt_d}
 
     def train_step(self, x: np.ndarray, e: np.ndarray, rng: torch.Generator,
-                   after_backward: Callable[[torch.nn.Module], None] | None
+                   backward: Callable[[torch.nn.Module, torch.Tensor], None] | None
                    ) -> dict[str, torch.Tensor]:
         x, e = self._to_network(x), as_tensor(e, self.device)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         with autocast(self.precision, self.device):
             losses = gan3d.gan_iteration(self.G, self.D, self.opt_g, self.opt_d, x, e, rng,
-                                         after_backward, self.d_bn_in_g_steps,
+                                         backward, self.d_bn_in_g_steps,
                                          self.loss_weights, host=False)
         if self.average is not None:
             self.average.update(self.G)
@@ -327,7 +328,7 @@ class ResNetTask:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def train_step(self, x: np.ndarray, y: np.ndarray, rng: torch.Generator,
-                   after_backward: Callable[[torch.nn.Module], None] | None
+                   backward: Callable[[torch.nn.Module, torch.Tensor], None] | None
                    ) -> dict[str, torch.Tensor]:
         x, y = as_tensor(x, self.device), as_tensor(y, self.device)
         self.net.train()
@@ -335,9 +336,10 @@ class ResNetTask:
         with autocast(self.precision, self.device):
             logits = self.net(self._prepare(x))
             loss = F.cross_entropy(logits, y)
-        loss.backward()
-        if after_backward is not None:
-            after_backward(self.net)
+        if backward is None:
+            loss.backward()
+        else:
+            backward(self.net, loss)
         self.opt.step()
         with torch.no_grad():
             accuracy = (logits.argmax(1) == y).float().mean()

@@ -77,7 +77,7 @@ class TfTrainer(Trainer):
                                                  bucket_mb=cfg.bucket_mb, overlap=cfg.overlap)
         return reducers
 
-    def _after_backward(self, key: str, grads: list) -> list:
+    def _gradients(self, key: str, grads: list) -> list:
         return self.reducers[key].average(grads)
 
     def _apply_lr(self, lr: float) -> None:

@@ -220,8 +220,13 @@ class TorchTrainer(Trainer):
             out[i] = value
         return out
 
-    def _after_backward(self, module: torch.nn.Module) -> None:
-        self.reducers[id(module)].synchronize()
+    def _gradients(self, module: torch.nn.Module, loss: torch.Tensor) -> None:
+        """``loss.backward()`` with the loss divided by the world size (backward produces each
+        rank's share of the mean: no pass divides the gradients), then the rest of the
+        allreduce that overlapped it."""
+        reducer = self.reducers[id(module)]
+        reducer.backward(loss)
+        reducer.synchronize()
 
     def _broadcast(self) -> None:
         broadcast_state(self.task.modules.values(), self.comm)

@@ -100,7 +100,7 @@ class Trainer(ABC):
 
     @abstractmethod
     def _make_task(self):
-        """The model as a task: ``train_step(x, y, rng, after_backward)``, ``evaluate(x, y)``
+        """The model as a task: ``train_step(x, y, rng, gradients)``, ``evaluate(x, y)``
         (NumPy batches), ``flops_per_sample()``, ``flop_convention``, ``loss_keys`` (the losses
         the epoch line shows)."""
 
@@ -109,9 +109,10 @@ class Trainer(ABC):
         """The gradient averagers (each with ``stats``: :class:`~.sync.SyncStats`)."""
 
     @abstractmethod
-    def _after_backward(self, *args):
-        """The task's callback between computing gradients and applying them (the gradient
-        allreduce)."""
+    def _gradients(self, *args):
+        """The task's gradient callback, before each optimiser step: the averaged gradients
+        (PyTorch: the backward of the divided loss and the allreduce it overlaps; TensorFlow:
+        the allreduce of gradients computed)."""
 
     @abstractmethod
     def _broadcast(self) -> None:
@@ -258,9 +259,9 @@ class Trainer(ABC):
         self.comm.Barrier()
 
     def _synced(self, *args):
-        """The task's ``after_backward``: the gradient allreduce, marked for the watchdog."""
+        """The task's gradient callback (:meth:`_gradients`), marked for the watchdog."""
         self.watch.enter("gradient allreduce")
-        out = self._after_backward(*args)
+        out = self._gradients(*args)
         self.watch.enter("step")
         return out
 
