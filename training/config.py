@@ -91,6 +91,12 @@ class TrainConfig:
     precision: str = "fp32"           # "tf32", "bf16" (autocast): --device cuda only
 
     @property
+    def mpi_overlap(self) -> bool:
+        """Whether hpcai's engine reduces PyTorch gradients over MPI on the CPU while backward
+        runs: the runs ``--allreduce-progress`` is for."""
+        return mpi_overlap(self.framework, self.comm, self.device, self.overlap)
+
+    @property
     def memory_format(self) -> str:
         """The convolutions' input and weight layout: "channels_last" or "contiguous"."""
         return "channels_last" if self.channels_last else "contiguous"
@@ -105,6 +111,11 @@ class TrainConfig:
     @property
     def checkpoint_dir(self) -> Path:
         return self.out_dir / "checkpoints"
+
+
+def mpi_overlap(framework: str, comm: str, device: str, overlap: bool) -> bool:
+    """See :attr:`TrainConfig.mpi_overlap` (also for the options before the config exists)."""
+    return framework == "pytorch" and comm == "mpi" and device == "cpu" and overlap
 
 
 # settings a resumed run may change without it meaning anything for the training
@@ -367,7 +378,7 @@ def check_options(ns: argparse.Namespace) -> None:
                         "in fp32", "add --device cuda on a GPU node, or leave --precision out")
     if ns.allreduce_progress is not None:
         comm = ns.comm or ("nccl" if ns.device == "cuda" else "mpi")
-        if comm != "mpi" or ns.framework != "pytorch" or ns.no_overlap or ns.device == "cuda":
+        if not mpi_overlap(ns.framework, comm, ns.device, not ns.no_overlap):
             raise UserError(
                 f"--allreduce-progress is for PyTorch on the CPU with --comm mpi, overlapping "
                 f"backward; this run uses --framework {ns.framework} --comm {comm}"

@@ -34,7 +34,7 @@ def run(cfg: TrainConfig) -> int:
 
         _set_tf_threads()
     else:
-        if _mpi_overlap(cfg) and cfg.allreduce_progress != "hook":
+        if cfg.mpi_overlap and cfg.allreduce_progress != "hook":
             from .allreduce import set_thread_env
 
             set_thread_env()   # read by MPI when it starts
@@ -49,11 +49,6 @@ def run(cfg: TrainConfig) -> int:
     with abort_on_error(comm):
         return Trainer(cfg, comm, checked, preemption).fit()
     return 1  # not reached: abort_on_error aborts
-
-
-def _mpi_overlap(cfg: TrainConfig) -> bool:
-    """Whether the engine reduces PyTorch gradients over MPI while backward runs."""
-    return cfg.comm == "mpi" and cfg.device == "cpu" and cfg.overlap
 
 
 def _planned_threads(default: int) -> tuple[int, int]:
