@@ -3,10 +3,11 @@
 A frozen rank (SIGSTOP, a hung node) or one stuck in a stalled file system would leave the
 others waiting in the next collective forever. So every rank runs a watchdog thread:
 
-- the trainer marks progress by entering phases (``data``, ``step``, ``gradient allreduce``,
-  ``replica check``, ``preemption check``, ``epoch end``, ``physics validation`` (3DGAN),
-  ``evaluation and records``, ``checkpoint write``, ``checkpoint barrier``) in the same
-  order on every rank, so the number of phases entered (``seq``) says how far a rank got
+- the trainer marks progress by entering phases (``data``, ``step``, ``gradient allreduce``
+  (with PyTorch it includes the backward pass that the allreduce overlaps), ``replica
+  check``, ``preemption check``, ``epoch end``, ``physics validation`` (3DGAN), ``evaluation
+  and records``, ``checkpoint write``, ``checkpoint barrier``) in the same order on every
+  rank, so the number of phases entered (``seq``) says how far a rank got
   (the one phase of rank 0 alone, ``physics plots`` when a preempted run stops, comes after
   the last collective, while the others finish);
 - every beat (a sixtieth of the bound, 0.25 to 1 s) the thread sends a heartbeat - rank, seq,
