@@ -89,8 +89,8 @@ def test_gradients_are_scaled_exactly_once(control, grad_scale_job):
     """2 ranks with gradients known in closed form: after synchronize() every gradient is the
     mean, in every mode (overlap with each progress strategy: hook, thread, nonblocking;
     blocking; the loss divided by the engine, or by train's own callback, or the gradients;
-    zeroed or set to None). The
-    controls, gradients scaled twice and not at all, must fail every case."""
+    zeroed or set to None). The controls, gradients scaled twice and not at all, must fail
+    every case."""
     result = grad_scale_job
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     prefix = f"{control or 'none'}: "

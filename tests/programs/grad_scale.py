@@ -6,8 +6,8 @@ and the mean over W ranks is (W + 1) / 2 (i + 1): exact in float32 for W = 2. Ev
 overlap with each progress strategy and blocking, the loss divided by
 ``GradAllreducer.backward`` or not or backward run by ``train``'s own callback
 (``TorchTrainer._gradients``, which the tasks call instead of ``loss.backward()``),
-gradients zeroed in place or set to None. Prints one line
-per case, ``ok`` or ``FAIL`` with the factor found, and exits 1 if any failed.
+gradients zeroed in place or set to None. Prints one line per case, ``ok`` or ``FAIL`` with
+the factor found, and exits 1 if any failed.
 
 ``--control twice``: the caller also divides the loss by W (the gradients are scaled twice);
 ``--control never``: the engine is told the loss was divided when it was not (scaled not at
