@@ -514,23 +514,31 @@ def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls):
 
 _FAMILY_PROGRESS = """
 import os, sys
-from hpcai.training.allreduce import MpiTransport, set_thread_env
+from hpcai.training.allreduce import THREAD_ENV, MpiTransport, set_thread_env
 if sys.argv[1] == "train":
     set_thread_env()
 from mpi4py import MPI
 t = MpiTransport(MPI.COMM_WORLD)
-print(t.family, t.progress, os.environ.get("OMPI_MCA_mpi_yield_when_idle"))
+print(t.family, t.progress, os.environ.get(THREAD_ENV[t.family][0]))
 """
 
 
-@pytest.mark.parametrize("how, env, want", [
-    ("train", {}, "openmpi thread 1"),                   # what train sets before MPI starts
-    ("train", {"OMPI_MCA_mpi_yield_when_idle": "0"}, "openmpi hook 0"),   # the user's kept
-    ("bare", {}, "openmpi hook None"),                   # nobody set it: no spinning thread
+@pytest.mark.parametrize("mpi, how, env, want", [
+    ("openmpi", "train", {}, "openmpi thread 1"),        # what train sets before MPI starts
+    ("openmpi", "train", {"OMPI_MCA_mpi_yield_when_idle": "0"}, "openmpi hook 0"),   # kept
+    ("openmpi", "bare", {}, "openmpi hook None"),        # nobody set it: no spinning thread
+    ("intel", "train", {}, "intel hook 2"),
+    ("intel", "train", {"I_MPI_THREAD_YIELD": "0"}, "intel hook 0"),    # the user's kept
+    ("intel", "bare", {}, "intel hook None"),
 ])
-def test_open_mpi_threads_its_calls_only_where_its_waits_yield(how, env, want):
+def test_threads_make_their_calls_only_where_their_waits_yield(mpi, how, env, want):
+    """Open MPI and Intel MPI: the variable that makes their waiting calls yield the core is
+    set by ``train`` before MPI starts, unless the user set it; the communication thread
+    makes the calls only where it is on (``allreduce.THREAD_ENV``, ``PROGRESS``)."""
     import sys
 
-    result = run([sys.executable, "-c", _FAMILY_PROGRESS, how], base_env(**env), timeout=60)
+    code = [sys.executable, "-c", _FAMILY_PROGRESS, how]
+    argv = code if mpi == "openmpi" else ["hpcai-launch", "--mpi", mpi, "-N", "1", "--", *code]
+    result = run(argv, base_env(**env), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[-2] == want

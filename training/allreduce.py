@@ -402,12 +402,18 @@ def mpi_family() -> str:
 # non-blocking calls.
 PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
 
-# What a family's "thread" progress needs in the environment before MPI starts. Open MPI's
-# blocking calls poll without pause, so its communication thread held the core that
-# backward runs on; with mpi_yield_when_idle (on by default only when mpirun oversubscribes
-# a node) they give the core up between polls. ``train`` sets it (:func:`set_thread_env`)
-# unless the user did; where it is off, Open MPI's default is "hook".
-THREAD_ENV = {"openmpi": ("OMPI_MCA_mpi_yield_when_idle", "1")}
+# What a family's "thread" progress needs in the environment before MPI starts. The
+# blocking calls of Open MPI and Intel MPI poll without pause, so their communication thread
+# held the core that backward runs on; with these variables they give the core up between
+# polls. Open MPI: mpi_yield_when_idle, on by default only when mpirun oversubscribes a node.
+# Intel MPI: I_MPI_THREAD_YIELD, which its documentation does not describe; in
+# progress_modes (ResNet50, 2 jobs each, not committed) step time thread / hook was 1.21
+# without it, 1.01 with 3 and 1.00 with 2. ``train`` sets them (:func:`set_thread_env`)
+# unless the user did; where a family's variable is off, its default is "hook".
+THREAD_ENV = {"openmpi": ("OMPI_MCA_mpi_yield_when_idle", "1"),
+              "intel": ("I_MPI_THREAD_YIELD", "2")}
+
+_OFF = ("", "0", "false", "no", "off", "disable", "disabled")
 
 
 def set_thread_env() -> None:
@@ -419,11 +425,11 @@ def set_thread_env() -> None:
 
 def thread_env_on(family: str) -> bool:
     """Whether ``family``'s :data:`THREAD_ENV` variable is on in this process (what MPI read
-    when it started)."""
+    when it started): set, and not to 0, false, no, off or disable(d)."""
     if family not in THREAD_ENV:
         return True
     key, _ = THREAD_ENV[family]
-    return os.environ.get(key, "").strip().lower() in ("1", "true", "yes", "enabled")
+    return os.environ.get(key, "").strip().lower() not in _OFF
 
 # The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
 # reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared

@@ -8,7 +8,8 @@ Order of events on every rank:
    stops every rank with `error:`/`hint:` before MPI starts and before anything is written;
 3. MPI init (mpi4py: the libmpi the launcher chose), the framework's threads from the
    placement plan; before it, what the engine's communication thread needs from MPI
-   (``allreduce.set_thread_env``: Open MPI's waiting calls yield the core);
+   (``allreduce.set_thread_env``: the waiting calls of Open MPI and Intel MPI yield the
+   core);
 4. the trainer (``trainer.py`` with ``torch_trainer.py`` or ``tf_trainer.py`` hooks; the
    TensorFlow path never imports torch): data generated if asked, rank 0's weights
    broadcast and proven bit-identical on all ranks (CRC32), then the epochs under the stall
