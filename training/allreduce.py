@@ -388,16 +388,17 @@ def mpi_family() -> str:
 # "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
 # hook and waits in synchronize(). Chosen by bench/progress_modes.py (2 ranks x 1 core,
 # ResNet50 at 112 px, batch 8, with THREAD_ENV set; 4 jobs per MPI, bench/results/
-# progress_modes-vm-20261129T225740.json): "thread" cut the main thread's wait for gradients
-# to 0.03-0.07 of "hook"'s on all three, and it is the default where it was also shown to
+# progress_modes-vm-20261130T045714.json): "thread" cut the main thread's wait for gradients
+# to 0.04-0.06 of "hook"'s on all three, and it is the default where it was also shown to
 # cost no step time (step time thread / hook, whole interval <= 1.03):
-# - Open MPI 4.1: 0.996 [0.977, 1.011]: "thread", with THREAD_ENV; without it 1.121
+# - Open MPI 4.1: 0.997 [0.964, 1.025]: "thread", with THREAD_ENV; without it 1.121
 #   [0.987, 1.221] (progress_modes-vm-20261129T194510.json), so "hook" where it is off.
 #   MPI_Iallreduce of 4 MB chunks took 35 ms for the set against 10 ms blocking
 #   (allreduce_bw), so not "nonblocking";
-# - MPICH 4.0: 1.090 [0.976, 1.131] (jobs 0.96, 1.11, 1.14, 1.07; 0.999 [0.973, 1.018] in
-#   the earlier run): "hook";
-# - Intel MPI 2021: 1.073 [1.058, 1.107]: "hook".
+# - MPICH 4.0: 1.047 [1.006, 1.096]; 1.090 [0.976, 1.131] and 0.999 [0.973, 1.018] in
+#   earlier runs: "hook";
+# - Intel MPI 2021: 1.019 [0.990, 1.043] with THREAD_ENV, 1.073 [1.058, 1.107] without
+#   (progress_modes-vm-20261129T225740.json): "hook".
 # "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
 # non-blocking calls.
 PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
