@@ -16,13 +16,26 @@ LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": 
             "UCX_NET_DEVICES": "lo"}
 
 
-def base_env(**extra: str) -> dict[str, str]:
-    """Environment for launching ranks in tests: venv first on PATH, MPI on loopback."""
+# The suite runs several jobs at once on few cores (pytest-xdist workers, each job's ranks),
+# so its Open MPI ranks are oversubscribed without mpirun knowing: their waits give up the
+# core (as they do when mpirun knows), and a rank waiting for its peer does not spin on the
+# core that peer needs. A test of what ``train`` sets itself passes it as None.
+SHARED_CORES = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def base_env(**extra: str | None) -> dict[str, str]:
+    """Environment for launching ranks in tests: venv first on PATH, MPI on loopback, Open
+    MPI's waits yielding (:data:`SHARED_CORES`); ``extra`` last, where None removes."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI4PY_", "HPCAI_"))}
     env.update(LOOPBACK)
+    env.update(SHARED_CORES)
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', os.defpath)}"
-    env.update(extra)
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

@@ -469,8 +469,10 @@ def test_startup_planner_and_ranks_use_one_cache_rule(tmp_path, hpcai_cache, xdg
 
 PLANNER = "hpcai.launcher.planning.facts"
 LAUNCHER = "hpcai.launcher.cli"
-SHOW = ("import os; print('rank', os.environ['RANK'], os.environ['OMP_NUM_THREADS'], "
-        "os.environ.get('HPCAI_PLAN', '-'), sorted(os.sched_getaffinity(0)))")
+# one write per rank (the ranks' stdout is unbuffered: print's pieces could interleave)
+SHOW = ("import os, sys; sys.stdout.write(' '.join(['rank', os.environ['RANK'], "
+        "os.environ['OMP_NUM_THREADS'], os.environ.get('HPCAI_PLAN', '-'), "
+        "str(sorted(os.sched_getaffinity(0)))]) + '\\n')")
 
 
 def _imports_of(module: str, stderr: str) -> int:

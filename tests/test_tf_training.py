@@ -29,13 +29,14 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
 
 
-TF_GAN = [*GAN, "--framework", "tensorflow", "--max-steps", "2", "--verify-every", "1"]
+TF_GAN = [*GAN, "--framework", "tensorflow", "--max-steps", "1", "--verify-every", "1"]
 
 
 @pytest.fixture(scope="module")
 def tf_gan_run(tmp_path_factory):
-    """A 2-rank TensorFlow 3DGAN run of 2 epochs (its output folder and its result): read by
-    the records test, and copied and resumed by the resume test."""
+    """A 2-rank TensorFlow 3DGAN run of 2 epochs of one step each (a TensorFlow 3DGAN step
+    takes 5-9 s on a core here), its output folder and its result: read by the records
+    test, and copied and resumed by the resume test."""
     out = tmp_path_factory.mktemp("tf-gan") / "run"
     return out, train(2, *TF_GAN, "--epochs", "2", "--out", str(out))
 
@@ -59,8 +60,8 @@ def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tf_gan_run, tm
         assert prov["comm"] == "mpi" and prov["comm_version"].startswith("mpi4py ")
         assert prov["world_size"] == 2 and "libmpi" in prov["libmpi"]
         assert prov["threads_per_rank"] == 1   # TF's intra-op pool, from the placement plan
-        assert r["steps"] == 2 and r["allreduce"]["calls"] > 0
-        assert r["allreduce"]["bytes_per_rank"] > 2 * 4 * 900_000   # G and D, 4 steps
+        assert r["steps"] == 1 and r["allreduce"]["calls"] > 0
+        assert r["allreduce"]["bytes_per_rank"] > 2 * 4 * 900_000   # G's and D's gradients, one step
         assert "analytically per Conv/Dense layer" in r["flop_convention"]
         assert all(np.isfinite(v) for v in r["losses"].values())
         assert r["eval"]["samples"] == 4 and r["eval"]["real_sum_over_f"] > 0
