@@ -1,9 +1,12 @@
-"""TensorFlow/Keras 3DGAN and ResNet50 trained by the same engine, under hpcai-launch."""
+"""TensorFlow/Keras 3DGAN and ResNet50 trained by the same engine, under hpcai-launch.
+
+The shared 3DGAN run and its resume run with torch blocked from import in every process
+(launcher and ranks; ``conftest.blocked_env``): the TensorFlow path imports no torch. The
+control of the block is in test_tf_without_torch.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -33,18 +36,25 @@ TF_GAN = [*GAN, "--framework", "tensorflow", "--max-steps", "1", "--verify-every
 
 
 @pytest.fixture(scope="module")
-def tf_gan_run(tmp_path_factory):
+def no_torch(tmp_path_factory) -> dict:
+    """An environment in which ``import torch`` fails, as if torch were not installed."""
+    return blocked_env(tmp_path_factory.mktemp("no-torch"), "torch")
+
+
+@pytest.fixture(scope="module")
+def tf_gan_run(tmp_path_factory, no_torch):
     """A 2-rank TensorFlow 3DGAN run of 2 epochs of one step each (a TensorFlow 3DGAN step
-    takes 5-9 s on a core here), its output folder and its result: read by the records
-    test, and copied and resumed by the resume test."""
+    takes 5-9 s on a core here), torch blocked, its output folder and its result: read by
+    the records test and the export test, and copied and resumed by the resume test."""
     out = tmp_path_factory.mktemp("tf-gan") / "run"
-    return out, train(2, *TF_GAN, "--epochs", "2", "--out", str(out))
+    return out, train(2, *TF_GAN, "--epochs", "2", "--out", str(out), env=no_torch)
 
 
 def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tf_gan_run, tmp_path):
     tf_out, result = tf_gan_run
     torch_out = tmp_path / "torch"
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "import of torch halted" not in result.stderr
     assert "3dgan (tensorflow) on 2 rank(s)" in result.stdout
     reference = train(2, *GAN, "--epochs", "1", "--max-steps", "1", "--out", str(torch_out))
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -73,15 +83,24 @@ def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tf_gan_run, tm
     assert ckpts == ["ckpt-E0001-S000000.pt", "ckpt-E0002-S000000.pt"]
 
 
-def test_keras_resume_continues_from_the_checkpoint(tf_gan_run, tmp_path):
-    """A copy of the shared 2-epoch run, resumed for a third epoch."""
+def test_keras_resume_continues_from_the_checkpoint(tf_gan_run, no_torch, tmp_path):
+    """A copy of the shared 2-epoch run, resumed for a third epoch, torch blocked, from its
+    checkpoint rewritten as an earlier version wrote it (``torch.save`` of NumPy arrays)."""
+    import pickle
+
+    import torch
+
     shared, first = tf_gan_run
     assert first.returncode == 0, first.stderr[-3000:]
     out = tmp_path / "run"
     shutil.copytree(shared, out)
-    again = train(2, *TF_GAN, "--epochs", "3", "--resume", "--out", str(out))
+    ckpt = out / "checkpoints" / "ckpt-E0002-S000000.pt"
+    with open(ckpt, "rb") as handle:
+        state = pickle.load(handle)
+    torch.save(state, ckpt)
+    again = train(2, *TF_GAN, "--epochs", "3", "--resume", "--out", str(out), env=no_torch)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "at epoch 2 step 0" in again.stdout
+    assert f"resumed from {ckpt} at epoch 2 step 0" in again.stdout
     assert [r["epoch"] for r in records(out)] == [0, 1, 2]
     # a PyTorch run refuses the TensorFlow checkpoint
     wrong = train(2, *GAN, "--epochs", "4", "--max-steps", "1", "--resume", "--out", str(out))
@@ -200,14 +219,10 @@ def test_framework_and_comm_bad_input(case, tmp_path):
     assert not out.exists(), "something was written before the error"
 
 
-def test_export_refuses_a_tensorflow_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    result = train(1, *GAN, "--framework", "tensorflow", "--epochs", "1", "--max-steps", "1",
-                   "--eval-samples", "0", "--out", str(out))
+def test_export_refuses_a_tensorflow_checkpoint(tf_gan_run):
+    out, result = tf_gan_run
     assert result.returncode == 0, result.stderr[-3000:]
-    (record,) = records(out)
-    assert record["provenance"]["threads_per_rank"] == (os.cpu_count() or 1)   # 1 rank: all
-    (ckpt,) = sorted((out / "checkpoints").glob("ckpt-*.pt"))
+    ckpt = out / "checkpoints" / "ckpt-E0002-S000000.pt"
     refused = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan"], base_env())
     assert refused.returncode == 2, refused.stderr
     assert "written by `train --framework tensorflow`" in refused.stderr
