@@ -533,8 +533,9 @@ print(t.family, t.progress, os.environ.get(THREAD_ENV[t.family][0]))
 ])
 def test_threads_make_their_calls_only_where_their_waits_yield(mpi, how, env, want):
     """Open MPI and Intel MPI: the variable that makes their waiting calls yield the core is
-    set by ``train`` before MPI starts, unless the user set it; the communication thread
-    makes the calls only where it is on (``allreduce.THREAD_ENV``, ``PROGRESS``)."""
+    set by ``train`` before MPI starts, unless the user set it (``allreduce.THREAD_ENV``).
+    Open MPI's communication thread makes the calls only where it is on; Intel MPI's default
+    is ``hook`` either way (``PROGRESS``)."""
     import sys
 
     code = [sys.executable, "-c", _FAMILY_PROGRESS, how]
