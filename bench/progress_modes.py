@@ -12,12 +12,12 @@ two copies of the model, one per strategy, each with its own ``GradAllreducer`` 
 engine's defaults otherwise, and both with the environment ``train`` gives the engine
 (``allreduce.THREAD_ENV``: the waiting calls of Open MPI and Intel MPI yield the core).
 Their training steps alternate (A B B A ...): first until neither reducer is trying call
-sizes any more, plus ``--warmup`` pairs, then ``--steps`` measured pairs. Per step: the slower rank's step time,
-and the main thread's wait for gradients (``SyncStats.wait_s``) of the rank that had its
-gradients last (the least over the ranks). A row pools the per-step ratios of all jobs; its
-95 % interval counts the jobs as the units that vary (``common.launch_stats``): which
-strategy is faster changed from one job to the next of the same MPI here. Rows, per MPI and
-model:
+sizes any more, plus ``--warmup`` pairs, then ``--steps`` measured pairs. Per step: the
+slower rank's step time, and the main thread's wait for gradients (``SyncStats.wait_s``) of
+the rank that had its gradients last (the least over the ranks). A row pools the per-step
+ratios of all jobs; its 95 % interval counts the jobs as the units that vary
+(``common.launch_stats``): which strategy is faster changed from one job to the next of the
+same MPI here. Rows, per MPI and model:
 
 - step time, thread ÷ hook, target <= 1.03: the thread may cost at most 3 % of a step;
 - main thread's wait for gradients, thread ÷ hook (report).

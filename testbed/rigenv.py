@@ -19,7 +19,8 @@ LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": 
 # The suite runs several jobs at once on few cores (pytest-xdist workers, each job's ranks),
 # so its Open MPI ranks are oversubscribed without mpirun knowing: their waits give up the
 # core (as they do when mpirun knows), and a rank waiting for its peer does not spin on the
-# core that peer needs. A test of what ``train`` sets itself passes it as None.
+# core that peer needs. A test that needs Open MPI's own default (what ``train`` sets itself,
+# ranks that must spin) removes it: ``base_env(**dict.fromkeys(SHARED_CORES))``.
 SHARED_CORES = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dp_updates
-from conftest import base_env, run
+from conftest import SHARED_CORES, base_env, run
 from dp_updates import TOL
 
 pytestmark = pytest.mark.mpi
@@ -540,7 +540,7 @@ def test_threads_make_their_calls_only_where_their_waits_yield(mpi, how, env, wa
 
     code = [sys.executable, "-c", _FAMILY_PROGRESS, how]
     argv = code if mpi == "openmpi" else ["hpcai-launch", "--mpi", mpi, "-N", "1", "--", *code]
-    unset = {"OMPI_MCA_mpi_yield_when_idle": None}   # the suite's own setting (rigenv)
+    unset = dict.fromkeys(SHARED_CORES)   # the test bed's own yield setting
     result = run(argv, base_env(**{**unset, **env}), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[-2] == want

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FLAVOURS, base_env, run
+from conftest import FLAVOURS, SHARED_CORES, base_env, run
 from hpcai.launcher.probe import (PINGPONG_MIN_SAMPLES, PINGPONG_SIZES, PingPong, ProbeRecord,
                                   sample_count)
 
@@ -80,7 +80,7 @@ def test_a_slow_path_is_cut_to_the_budget(tmp_path):
     probe ends in seconds (it would take about 35 s at 8 B alone)."""
     if not shutil.which("taskset"):
         pytest.fail("taskset (util-linux) is missing")
-    spinning = base_env(OMPI_MCA_mpi_yield_when_idle=None)
+    spinning = base_env(**dict.fromkeys(SHARED_CORES))
     counts, _ = _pingpong(tmp_path, 2.0, "taskset", "-c", "0", env=spinning)
     assert counts[8] < PINGPONG_SIZES[8][1], counts
 

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import base_env, run
+from conftest import SHARED_CORES, base_env, run
 from hpcai.training.record import EpochRecord
 from jobs import train
 
@@ -29,7 +29,7 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
                    "--max-steps", "2", "--out", str(out), "--verify-every", "1",
                    "--validate-events", "16", "--device", "cpu",   # controls of the refusals
                    "--loss-weights", "8,0.2,0.1",
-                   env=base_env(OMPI_MCA_mpi_yield_when_idle=None))   # train sets it
+                   env=base_env(**dict.fromkeys(SHARED_CORES)))   # train sets it
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
