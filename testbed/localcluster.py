@@ -277,6 +277,10 @@ class LocalCluster:
             "ClusterName=hpcai-local",
             f"SlurmctldHost={self._controller()}",
             f"SlurmctldPort={ctld_port}",
+            # Job IDs differ between clusters running at once on this host: under srun, Open
+            # MPI names its shared-memory segments after the Slurm job, so two clusters'
+            # "job 1" on the same host would map each other's segments and crash.
+            f"FirstJobId={ctld_port * 1000}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
