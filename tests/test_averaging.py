@@ -112,7 +112,8 @@ def one_thread():
 
 
 def _gan(decay: float | None, *extra: str) -> GanTask:
-    args = ["3dgan", "--generate", "8", "--recipe", "cern2019", "--cell-scale", "100", *extra]
+    args = ["3dgan", "--generate", "8", "--recipe", "cern2019", "--cell-scale", "100",
+            "--batch-size", "2", *extra]
     if decay is not None:
         args += ["--generator-ema", str(decay)]
     cfg = parse(args)
