@@ -321,25 +321,55 @@ def test_a_plot_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path):
     assert (out / "physics-profiles.png").read_bytes()[:4] == b"\x89PNG"
 
 
+STOP_GAN = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "1", "--epochs",
+            "2", "--validate-events", "8", "--eval-samples", "0", "--peak-gflops", "50",
+            "--cell-scale", "100"]
+
+
+@pytest.fixture(scope="module")
+def stopped_gan(tmp_path_factory):
+    """A 2-rank 3DGAN run of two epochs of one step (the reference), and the same run stopped
+    by SIGUSR1 before its first step (it checkpoints after that step, before the epoch's
+    end): the two folders, the reference's result, the stop's exit code and log. The tests
+    resume copies of the stopped run."""
+    base = tmp_path_factory.mktemp("stopped-gan")
+    reference, stopped = base / "reference", base / "stopped"
+    result = train(2, *STOP_GAN, "--out", str(reference))
+    code, text, _ = _usr1_when(stopped, STOP_GAN, uuid.uuid4().hex, _handler_installed)
+    return reference, result, stopped, code, text
+
+
+def _resumed_copy(stopped: Path, to: Path, *, rank_statistics: bool = True):
+    """``--resume`` of a copy of the stopped run; without ``rank_statistics`` its checkpoint
+    loses every rank's BatchNorm statistics first (as checkpoints were written before they
+    were kept)."""
+    import shutil
+
+    import torch
+
+    shutil.copytree(stopped, to)
+    if not rank_statistics:
+        (ckpt,) = sorted((to / "checkpoints").glob("ckpt-*.pt"))
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        assert len(state.pop("rank_statistics")) == 2
+        torch.save(state, ckpt)
+    return train(2, *STOP_GAN, "--out", str(to), "--resume")
+
+
 @pytest.mark.mpi
-def test_a_stop_after_an_epochs_last_step_finishes_that_epoch_on_resume(tmp_path):
+def test_a_stop_after_an_epochs_last_step_finishes_that_epoch_on_resume(stopped_gan, tmp_path):
     """A signal that stops the job after an epoch's last step checkpoints (epoch, steps),
     before the epoch's end. The resumed run does that end first: the epoch's record (no steps,
     its rate) and its physics validation, which equals an uninterrupted run's exactly; then
     it goes on. The control: the two epochs' validations differ, so equality can fail."""
-    args = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "1", "--epochs",
-            "2", "--validate-events", "8", "--eval-samples", "0", "--peak-gflops", "50",
-            "--cell-scale", "100"]
-    reference = tmp_path / "reference"
-    result = train(2, *args, "--out", str(reference))
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = tmp_path / "run"   # the signal comes before the first (and only) step of epoch 0
-    code, text, _ = _usr1_when(out, args, uuid.uuid4().hex, _handler_installed)
+    reference, done, stopped, code, text = stopped_gan
+    assert done.returncode == 0, done.stderr[-2000:]
     assert code == 75, text[-3000:]
-    assert [p.name for p in (out / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
-    assert not (out / "physics.json").exists() and not (out / "epochs.jsonl").exists()
+    assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["ckpt-E0000-S000001.pt"]
+    assert not (stopped / "physics.json").exists() and not (stopped / "epochs.jsonl").exists()
 
-    result = train(2, *args, "--out", str(out), "--resume")
+    out = tmp_path / "run"
+    result = _resumed_copy(stopped, out)
     assert result.returncode == 0, result.stderr[-2000:]
     got, ref = records(out), records(reference)
     assert [(r["epoch"], r["first_step"], r["steps"]) for r in got] == [(0, 1, 0), (1, 0, 1)]
@@ -351,6 +381,25 @@ def test_a_stop_after_an_epochs_last_step_finishes_that_epoch_on_resume(tmp_path
     assert [v["epoch"] for v in mine] == [0, 1]
     assert [v["bins"] for v in mine] == [v["bins"] for v in theirs]
     assert mine[0]["bins"] != mine[1]["bins"]
+
+
+@pytest.mark.mpi
+def test_a_two_rank_3dgan_resume_continues_bit_for_bit(stopped_gan, tmp_path):
+    """Under ``--bn local`` each rank keeps its own BatchNorm statistics, and the 3DGAN's
+    generator uses them in the discriminator's fake step: the checkpoint holds every rank's,
+    so the resumed run's losses are the uninterrupted run's exactly (the test above). The
+    control: the same checkpoint without them (as written before they were kept) resumes
+    with rank 0's on every rank, says so, and its losses part from the reference's."""
+    reference, done, stopped, code, text = stopped_gan
+    assert done.returncode == 0 and code == 75, done.stderr[-2000:] + text[-2000:]
+    result = _resumed_copy(stopped, tmp_path / "doctored", rank_statistics=False)
+    assert result.returncode == 0 and "resumed from" in result.stdout, result.stderr[-2000:]
+    assert "holds rank 0's BatchNorm statistics only" in result.stdout
+    control, ref = records(tmp_path / "doctored", "steps.jsonl"), records(reference,
+                                                                          "steps.jsonl")
+    assert len(control) == len(ref) == 2
+    assert control[0] == ref[0]   # epoch 0's step: before the stop, the same run
+    assert control[1] != ref[1]
 
 
 # -- --resume -------------------------------------------------------------------------------
@@ -393,45 +442,6 @@ def test_resume_from_an_unreadable_checkpoint_is_an_error_and_trains_nothing(tmp
     assert bad.name in err and "nothing was trained" in err
     assert "MPI_ABORT" not in err.upper() and "hpcai-train:" not in result.stdout
     assert _tree(out) == before, "something was written"
-
-
-GAN = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
-       "--validate-events", "0", "--eval-samples", "0", "--peak-gflops", "50",
-       "--cell-scale", "100"]
-
-
-@pytest.mark.mpi
-def test_a_two_rank_3dgan_resume_continues_bit_for_bit(tmp_path):
-    """Under ``--bn local`` each rank keeps its own BatchNorm statistics, and the 3DGAN's
-    generator uses them in the discriminator's fake step: the checkpoint holds every rank's,
-    so the resumed run's losses are the uninterrupted run's exactly. The control: the same
-    checkpoint without them (as written before they were kept) resumes with rank 0's on
-    every rank, says so, and its losses part from the reference."""
-    import shutil
-
-    import torch
-
-    reference = tmp_path / "reference"
-    assert train(2, *GAN, "--epochs", "2", "--out", str(reference)).returncode == 0
-    out = tmp_path / "resumed"
-    first = train(2, *GAN, "--epochs", "1", "--out", str(out))
-    assert first.returncode == 0, first.stderr[-2000:]
-    doctored = tmp_path / "doctored"
-    shutil.copytree(out, doctored)
-    (ckpt,) = sorted((doctored / "checkpoints").glob("ckpt-*.pt"))
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert len(state.pop("rank_statistics")) == 2
-    torch.save(state, ckpt)
-    for run_dir in (out, doctored):
-        result = train(2, *GAN, "--epochs", "2", "--resume", "--out", str(run_dir))
-        assert result.returncode == 0 and "resumed from" in result.stdout, result.stderr[-2000:]
-        assert ("--resume: these settings differ from the checkpoint's and apply from here "
-                "on: epochs 1 -> 2\n") in result.stdout, result.stdout
-    assert records(out, "steps.jsonl") == records(reference, "steps.jsonl")
-    assert "holds rank 0's BatchNorm statistics only" in result.stdout
-    control = records(doctored, "steps.jsonl")
-    assert control[:2] == records(reference, "steps.jsonl")[:2]   # epoch 0: the same run
-    assert control != records(reference, "steps.jsonl")
 
 
 def test_changed_settings_names_what_a_resume_changes():

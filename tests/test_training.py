@@ -4,6 +4,8 @@ test_faults.py)."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import h5py
@@ -27,7 +29,8 @@ def test_3dgan_two_ranks_on_generated_data(tmp_path):
     out = tmp_path / "run"
     result = train(2, "3dgan", "--generate", "64", "--epochs", "2", "--batch-size", "2",
                    "--max-steps", "2", "--out", str(out), "--verify-every", "1",
-                   "--validate-events", "16", "--device", "cpu",   # controls of the refusals
+                   "--validate-events", "16", "--eval-samples", "4",
+                   "--device", "cpu",   # controls of the refusals
                    "--loss-weights", "8,0.2,0.1",
                    env=base_env(**dict.fromkeys(SHARED_CORES)))   # train sets it
     assert result.returncode == 0, result.stderr[-3000:]
@@ -157,3 +160,26 @@ def test_initial_weights_are_broadcast_and_proven_identical(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("different before broadcast") == 2
     assert result.stdout.count("identical after broadcast") == 2
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_ranks_waiting_for_rank_0_sleep_instead_of_polling(spin):
+    """The waits on rank 0's serial work (data generation, plots, evaluation, records,
+    checkpoint writes) are ``waits.idle_barrier``: rank 1, waiting 1 s for rank 0, tests the
+    barrier at most once per sleep, the sleeps growing from 0.1 ms to 10 ms (about 100 tests
+    in a second). The control, the same barrier tested without sleeping, polls thousands of
+    times a second and must fail the same bound."""
+    from hpcai.training.waits import FIRST_SLEEP_S, MAX_SLEEP_S
+
+    program = Path(__file__).parent / "programs" / "idle_wait.py"
+    result = run(["hpcai-launch", "-N", "2", "--", "python", str(program),
+                  *(["--spin"] if spin else [])], base_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.search(r"rank 1 tests (\d+) wait ([\d.]+) cpu", result.stdout)
+    assert found, result.stdout
+    tests, wait = int(found[1]), float(found[2])
+    assert wait >= 0.9, result.stdout   # rank 0 slept 1 s first
+    # each test but the first follows a sleep of at least min(0.1 ms x 2^k, 10 ms)
+    doublings = math.ceil(math.log2(MAX_SLEEP_S / FIRST_SLEEP_S))
+    bound = 1 + doublings + wait / MAX_SLEEP_S
+    assert (tests > 10 * bound) if spin else (tests <= bound), (tests, bound, result.stdout)

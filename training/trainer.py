@@ -43,6 +43,7 @@ from .synthetic_images import SyntheticImages
 from .physics_plots import write_plots
 from .validation import (PhysicsValidator, PlotClock, due, plots_behind,
                          record as record_physics, redraw)
+from .waits import idle_barrier
 from .watchdog import Watchdog
 
 STATE_VERSION = 1   # of the checkpoint's contents
@@ -203,7 +204,7 @@ class Trainer(ABC):
                 generate(target, n_files=n_train, events_per_file=per_file, seed=cfg.seed)
             if test and not all(p.is_file() for p in test):
                 generate(target, n_files=n_test, events_per_file=per_file, seed=test_seed)
-        self.comm.Barrier()
+        idle_barrier(self.comm)
         return split_files(validate(train + test), n_test)
 
     @property
@@ -256,7 +257,7 @@ class Trainer(ABC):
             checkpoint.save(self.cfg.checkpoint_dir, state, epoch, step,
                             write=self._write_checkpoint, keep=self.cfg.keep)
         self.watch.enter("checkpoint barrier")
-        self.comm.Barrier()
+        idle_barrier(self.comm)
 
     def _synced(self, *args):
         """The task's gradient callback (:meth:`_gradients`), marked for the watchdog."""
@@ -502,6 +503,8 @@ class Trainer(ABC):
                 handle.write(record.to_json() + "\n")
             print(epoch_line(record, self.task.loss_keys, physics_words,
                              "avg" if cfg.generator_ema else None), flush=True)
+        watch.enter("epoch-end barrier")   # the other ranks, while rank 0 did the above
+        idle_barrier(comm)
         self._save(epoch + 1, 0, step_log)
         return False
 
