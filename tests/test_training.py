@@ -167,8 +167,8 @@ def test_ranks_waiting_for_rank_0_sleep_instead_of_polling(spin):
     """The waits on rank 0's serial work (data generation, plots, evaluation, records,
     checkpoint writes) are ``waits.idle_barrier``: rank 1, waiting 1 s for rank 0, tests the
     barrier at most once per sleep, the sleeps growing from 0.1 ms to 10 ms (about 100 tests
-    in a second). The control, the same barrier tested without sleeping, polls thousands of
-    times a second and must fail the same bound."""
+    in a second). The control, the same barrier tested without sleeping (``sleep(0)``),
+    must fail the same bound: about 16,000 tests on the idle VM, 461 in a loaded full suite."""
     from hpcai.training.waits import FIRST_SLEEP_S, MAX_SLEEP_S
 
     program = Path(__file__).parent / "programs" / "idle_wait.py"
@@ -182,4 +182,4 @@ def test_ranks_waiting_for_rank_0_sleep_instead_of_polling(spin):
     # each test but the first follows a sleep of at least min(0.1 ms x 2^k, 10 ms)
     doublings = math.ceil(math.log2(MAX_SLEEP_S / FIRST_SLEEP_S))
     bound = 1 + doublings + wait / MAX_SLEEP_S
-    assert (tests > 10 * bound) if spin else (tests <= bound), (tests, bound, result.stdout)
+    assert (tests > bound) if spin else (tests <= bound), (tests, bound, result.stdout)
