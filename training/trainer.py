@@ -249,6 +249,9 @@ class Trainer(ABC):
         self._flush_steps(step_log)
         per_rank = None
         if self.world > 1 and self.cfg.bn == "local":
+            # at an epoch's end rank 0 validates, draws and evaluates first: wait asleep
+            # for it, not polling in the gather
+            idle_barrier(self.comm)
             per_rank = self.comm.gather(self._local_statistics(), root=0)
         if self.rank == 0:
             state = self._state(epoch, step)
@@ -503,8 +506,6 @@ class Trainer(ABC):
                 handle.write(record.to_json() + "\n")
             print(epoch_line(record, self.task.loss_keys, physics_words,
                              "avg" if cfg.generator_ema else None), flush=True)
-        watch.enter("epoch-end barrier")   # the other ranks, while rank 0 did the above
-        idle_barrier(comm)
         self._save(epoch + 1, 0, step_log)
         return False
 
