@@ -24,6 +24,7 @@ import torch
 
 from hpcai.training.averaging import WeightAverage, standing_statistics
 from hpcai.training.config import parse
+from conftest import blocked_env
 from hpcai.training.tasks import GanTask
 from jobs import train
 
@@ -112,8 +113,9 @@ def one_thread():
 
 
 def _gan(decay: float | None, *extra: str) -> GanTask:
+    """A task of batch 1: BatchNorm normalises over a shower's cells, so one is a batch."""
     args = ["3dgan", "--generate", "8", "--recipe", "cern2019", "--cell-scale", "100",
-            "--batch-size", "2", *extra]
+            "--batch-size", "1", *extra]
     if decay is not None:
         args += ["--generator-ema", str(decay)]
     cfg = parse(args)
@@ -123,8 +125,8 @@ def _gan(decay: float | None, *extra: str) -> GanTask:
 def _train(task: GanTask, steps: int) -> None:
     rng = np.random.default_rng(3)
     for step in range(steps):
-        x = rng.gamma(0.2, 0.05, (2, 1, 25, 25, 25)).astype(np.float32)
-        e = rng.uniform(0.1, 5.0, 2).astype(np.float32)
+        x = rng.gamma(0.2, 0.05, (1, 1, 25, 25, 25)).astype(np.float32)
+        e = rng.uniform(0.1, 5.0, 1).astype(np.float32)
         task.train_step(x, e, torch.Generator().manual_seed(step), None)
 
 
@@ -188,22 +190,48 @@ def _files(out) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def moving_run(tmp_path_factory):
-    """Two ranks, two epochs, moving statistics and no average: the control of the standing
-    test below, and the run without an average that a resume must not give one (only read,
-    or refused before anything is written)."""
-    out = tmp_path_factory.mktemp("averaging") / "moving"
-    done = train(2, *GAN, "--epochs", "2", "--out", str(out))
+def no_plots(tmp_path_factory) -> dict[str, str]:
+    """The ranks' environment with matplotlib blocked (``conftest.blocked_env``): rank 0
+    says that it cannot draw the physics plots, which no test here reads, and goes on;
+    physics.json, the steps and the checkpoints are written as ever."""
+    return blocked_env(tmp_path_factory.mktemp("no-matplotlib"), "matplotlib")
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, no_plots):
+    """Two ranks, two epochs, ``--generator-ema 0.5``, moving statistics, uninterrupted: the
+    run a resumed one must equal, and the control of the standing test below (its raw
+    generator is judged with its moving statistics). Its directory and stdout; only read."""
+    out = tmp_path_factory.mktemp("averaging") / "straight"
+    done = train(2, *GAN, "--epochs", "2", "--generator-ema", "0.5", "--out", str(out),
+                 env=no_plots)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out, done.stdout
+
+
+@pytest.fixture(scope="module")
+def standing_run(tmp_path_factory, no_plots):
+    """Two ranks, two epochs, ``--validate-bn standing`` and no average: the run judged with
+    standing statistics, and the run without an average that a resume must not give one
+    (only read, or refused before anything is written)."""
+    out = tmp_path_factory.mktemp("averaging") / "standing"
+    done = train(2, *GAN, "--epochs", "2", "--validate-bn", "standing", "--out", str(out),
+                 env=no_plots)
     assert done.returncode == 0, done.stderr[-2000:]
     return out
 
 
 @pytest.mark.mpi
-def test_physics_json_has_both_generators_and_resume_keeps_the_average(tmp_path):
-    straight = tmp_path / "straight"
-    result = train(2, *GAN, "--epochs", "2", "--generator-ema", "0.5", "--out", str(straight))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "| avg: worst sum/E" in result.stdout
+def test_physics_json_has_both_generators_and_resume_keeps_the_average(straight_run, tmp_path,
+                                                                      no_plots):
+    """The average is judged beside the raw generator on the same events. A run interrupted
+    after its first epoch and resumed ends with the uninterrupted run's validation, bit for
+    bit; resumes that would drop the average or change its decay are refused. The first
+    epoch judged the trained generator with standing statistics and the resume leaves
+    ``--validate-bn`` out: the resume says so, and each validation in physics.json names
+    the statistics it was judged with (the average's are its own, measured either way)."""
+    straight, stdout = straight_run
+    assert "| avg: worst sum/E" in stdout
     whole = _last(straight)
     assert whole["generator"] == "average"
     (raw,) = whole["others"]
@@ -212,31 +240,36 @@ def test_physics_json_has_both_generators_and_resume_keeps_the_average(tmp_path)
     assert [b["real"] for b in raw["bins"]] == [b["real"] for b in whole["bins"]]
 
     out = tmp_path / "resumed"
-    first = train(2, *GAN, "--epochs", "1", "--generator-ema", "0.5", "--out", str(out))
+    first = train(2, *GAN, "--epochs", "1", "--generator-ema", "0.5", "--validate-bn",
+                  "standing", "--out", str(out), env=no_plots)
     assert first.returncode == 0, first.stderr[-2000:]
-    dropped = train(2, *GAN, "--epochs", "2", "--resume", "--out", str(out))
+    dropped = train(2, *GAN, "--epochs", "2", "--resume", "--out", str(out), env=no_plots)
     assert dropped.returncode == 2, dropped.stderr[-2000:]
     assert ("--resume: the checkpoint has a generator average and this run does not"
             in dropped.stderr) and "hint: resume with the --generator-ema" in dropped.stderr
     other = train(2, *GAN, "--epochs", "2", "--resume", "--generator-ema", "0.9",
-                  "--out", str(out))
+                  "--out", str(out), env=no_plots)
     assert other.returncode == 2 and "decay 0.5, not 0.9" in other.stderr, other.stderr[-2000:]
     resumed = train(2, *GAN, "--epochs", "2", "--resume", "--generator-ema", "0.5",
-                    "--out", str(out))
+                    "--out", str(out), env=no_plots)
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-2000:]
     assert _last(out)["summary"] == whole["summary"]
     assert _last(out)["others"][0]["summary"] == raw["summary"]
+    assert "validate_bn 'standing' -> 'moving'" in resumed.stdout, resumed.stdout[-2000:]
+    history = json.loads((out / "physics.json").read_text())["validations"]
+    assert [v["generator"] for v in history] == ["average", "average"]
+    assert [v["others"][0]["generator"] for v in history] == ["standing", "raw"]
 
 
 @pytest.mark.mpi
-def test_resume_refuses_to_invent_an_average(moving_run):
+def test_resume_refuses_to_invent_an_average(standing_run, no_plots):
     """The other direction: a run without an average cannot resume into one that would
     silently start from the resumed weights; the refusal leaves the run as it was."""
-    out = moving_run
-    assert "others" not in _last(out) and _last(out)["generator"] == "raw"
+    out = standing_run
+    assert "others" not in _last(out) and _last(out)["generator"] == "standing"
     before = _files(out)
     invented = train(2, *GAN, "--epochs", "3", "--resume", "--generator-ema", "0.5",
-                     "--out", str(out))
+                     "--out", str(out), env=no_plots)
     assert invented.returncode == 2, invented.stderr[-2000:]
     assert "the checkpoint has no generator average and this run keeps one" in invented.stderr
     assert _files(out) == before, "the refused resume wrote to the run"
@@ -272,26 +305,19 @@ def test_standing_judges_a_copy_measured_for_the_current_weights(one_thread):
 
 
 @pytest.mark.mpi
-def test_standing_validation_leaves_the_training_as_it_was(moving_run, tmp_path):
+def test_standing_validation_leaves_the_training_as_it_was(straight_run, standing_run):
     """Two ranks, with and without --validate-bn standing: every step's losses are the same
     bit for bit; physics.json names the standing generator and its numbers differ from the
-    moving statistics' (the control). A resume that changes --validate-bn says so, and each
-    validation in physics.json names the statistics it was judged with."""
-    out = tmp_path / "standing"
-    done = train(2, *GAN, "--epochs", "2", "--validate-bn", "standing", "--out", str(out))
-    assert done.returncode == 0, done.stderr[-2000:]
-    runs = {"moving": moving_run, "standing": out}
+    moving statistics' (the control). The run with moving statistics keeps an average (the
+    straight run above), so the same losses also show that the average leaves the training
+    as it was; its raw generator is the one judged with the moving statistics."""
+    runs = {"moving": straight_run[0], "standing": standing_run}
     steps = {name: [json.loads(line) for line in
                     (out / "steps.jsonl").read_text().splitlines()]
              for name, out in runs.items()}
     assert steps["moving"] == steps["standing"] and len(steps["moving"]) == 2
-    standing, moving = _last(runs["standing"]), _last(runs["moving"])
+    standing, (moving,) = _last(runs["standing"]), _last(runs["moving"])["others"]
     assert standing["generator"] == "standing" and moving["generator"] == "raw"
     assert "others" not in standing
     assert [b["real"] for b in standing["bins"]] == [b["real"] for b in moving["bins"]]
     assert standing["summary"] != moving["summary"], "standing judged like moving"
-    changed = train(2, *GAN, "--epochs", "3", "--resume", "--out", str(runs["standing"]))
-    assert changed.returncode == 0, changed.stderr[-2000:]
-    assert "validate_bn 'standing' -> 'moving'" in changed.stdout, changed.stdout[-2000:]
-    history = json.loads((runs["standing"] / "physics.json").read_text())["validations"]
-    assert [v["generator"] for v in history] == ["standing", "standing", "raw"]

@@ -4,11 +4,18 @@ The test does not read the comparison that ``export-onnx`` writes: it loads the 
 with onnxruntime and the checkpoint with torch itself, runs both on inputs of its own (batch
 sizes 1, 3 and 5; the exporter checks 1 and 3), and compares. The control: the same model
 with one weight tensor scaled by 1 % must fail the same comparison.
+
+The ResNet-50 and the plain 3DGAN exports are ``hpcai-launch export-onnx`` processes; the two
+exports of one checkpoint share a process (``programs/export_onnx_several.py``: the same
+command lines, imported once), and the refusals, which stop before exporting, run that
+command line in this process (``hpcai.launcher.cli.main``: its exit status and stderr).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +24,17 @@ import pytest
 import torch
 
 from conftest import base_env, run
+from hpcai.launcher import cli
 from hpcai.models import gan3d, resnet
 
 ATOL, RTOL = 1e-4, 1e-4    # |onnx - torch| <= ATOL + RTOL x max|torch|, as the README says
+SEVERAL = Path(__file__).parent / "programs" / "export_onnx_several.py"
 
 
 def _checkpoint(tmp_path: Path, *train_args: str) -> Path:
+    """The checkpoint of a bare 1-rank ``train`` of one step."""
     out = tmp_path / "run"
-    result = run(["hpcai-launch", "-N", "1", "--", "train", *train_args, "--epochs", "1",
+    result = run(["train", *train_args, "--epochs", "1",
                   "--max-steps", "1", "--peak-gflops", "50", "--eval-samples", "0",
                   "--out", str(out)], base_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -46,13 +56,37 @@ def _torch_model(ckpt: Path, model: str) -> tuple[torch.nn.Module, tuple[int, ..
     return net.eval(), (3, size, size)
 
 
+def _session(onnx_file: Path) -> ort.InferenceSession:
+    """ONNX Runtime on one thread (tiny batches gain nothing from more, whose spinning costs
+    CPU on a busy machine)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+
+
+def _refused(capsys, *argv: str) -> str:
+    """``hpcai-launch export-onnx ARGV`` run here: it must exit 2; what it said on stderr."""
+    capsys.readouterr()
+    assert cli.main(["export-onnx", *argv]) == 2
+    return capsys.readouterr().err
+
+
+def _excess_over(got: np.ndarray, expected: np.ndarray) -> float:
+    """max|got - expected| / (ATOL + RTOL x max|expected|): at most 1 when they agree."""
+    assert got.shape == expected.shape
+    return float(np.max(np.abs(got - expected))) / _bound(expected)
+
+
+def _bound(expected: np.ndarray) -> float:
+    return ATOL + RTOL * float(np.max(np.abs(expected)))
+
+
 def _excess(session: ort.InferenceSession, net: torch.nn.Module, x: np.ndarray) -> float:
-    """max|onnx - torch| / (ATOL + RTOL x max|torch|): at most 1 when they agree."""
+    """:func:`_excess_over` of the ONNX file's output on ``x`` and ``net``'s."""
     with torch.no_grad():
         expected = net(torch.from_numpy(x)).numpy()
     (got,) = session.run(None, {session.get_inputs()[0].name: x})
-    assert got.shape == expected.shape
-    return float(np.max(np.abs(got - expected))) / (ATOL + RTOL * float(np.max(np.abs(expected))))
+    return _excess_over(got, expected)
 
 
 RESNET50 = ("resnet50", "--samples", "2", "--batch-size", "2", "--image-size", "64")
@@ -82,7 +116,7 @@ def test_export_matches_the_framework(model, args, checkpoint_of, tmp_path):
     result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", model, "--out",
                   str(onnx_file)], base_env(), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    session = _session(onnx_file)
     assert isinstance(session.get_inputs()[0].shape[0], str)   # the batch axis is dynamic
     net, shape = _torch_model(ckpt, model)
     perturbed = copy.deepcopy(net)
@@ -96,48 +130,22 @@ def test_export_matches_the_framework(model, args, checkpoint_of, tmp_path):
         assert control > 10, f"batch {len(x)}: the perturbed model passes ({control:.3g})"
 
 
-def test_export_bad_input(checkpoint_of, tmp_path):
+def test_export_bad_input(checkpoint_of, tmp_path, capsys):
     ckpt = checkpoint_of(*RESNET50)       # the checkpoint of the test above
-    wrong = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan"], base_env())
-    assert wrong.returncode == 2 and "is of model 'resnet50'" in wrong.stderr
-    assert "hint: use --model resnet50" in wrong.stderr
+    wrong = _refused(capsys, str(ckpt), "--model", "3dgan")
+    assert "is of model 'resnet50'" in wrong
+    assert "hint: use --model resnet50" in wrong
     other = tmp_path / "keras.weights.h5"
     other.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
-    foreign = run(["hpcai-launch", "export-onnx", str(other), "--model", "3dgan"], base_env())
-    assert foreign.returncode == 2 and "not a PyTorch checkpoint" in foreign.stderr
-    assert "hint:" in foreign.stderr
-
-
-def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tmp_path):
-    """A generator trained with ``--cell-scale 100 --bn-axis depth`` exports with its own
-    BatchNorm layout and its showers in GeV: ONNX matches the checkpoint's generator ÷ 100.
-    Control: the generator's raw output (GeV x 100) fails the same comparison."""
-    ckpt = _checkpoint(tmp_path, "3dgan", "--generate", "8", "--batch-size", "2",
-                       "--recipe", "cern2019", "--cell-scale", "100", "--bn-axis", "depth",
-                       "--validate-events", "0")
-    onnx_file = tmp_path / "g.onnx"
-    result = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
-                  str(onnx_file)], base_env(), timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    raw = gan3d.Generator(bn_axis="depth")
-    raw.load_state_dict(state["modules"]["generator"])
-    raw.eval()
-
-    class InGeV(torch.nn.Module):
-        def forward(self, latent):
-            return raw(latent) / 100.0
-
-    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(5).standard_normal((3, gan3d.LATENT)).astype(np.float32)
-    assert _excess(session, InGeV(), x) <= 1
-    assert _excess(session, raw, x) > 10
+    foreign = _refused(capsys, str(other), "--model", "3dgan")
+    assert "not a PyTorch checkpoint" in foreign
+    assert "hint:" in foreign
 
 
 def _steps(out: Path, steps: int, *flags: str) -> tuple[Path, dict]:
-    """A 1-rank 3DGAN run of ``steps`` steps with ``--recipe cern2019`` (no cell scale, moving
-    statistics) and ``flags``: its checkpoint and what it holds."""
-    result = run(["hpcai-launch", "-N", "1", "--", "train", "3dgan", "--generate", "8",
+    """A bare 1-rank 3DGAN run of ``steps`` steps with ``--recipe cern2019`` (no cell scale,
+    moving statistics) and ``flags``: its checkpoint and what it holds."""
+    result = run(["train", "3dgan", "--generate", "8",
                   "--batch-size", "2", "--epochs", "1", "--max-steps", str(steps),
                   "--recipe", "cern2019", *flags,
                   "--peak-gflops", "50", "--eval-samples", "0", "--validate-events", "0",
@@ -147,57 +155,105 @@ def _steps(out: Path, steps: int, *flags: str) -> tuple[Path, dict]:
     return ckpt, torch.load(ckpt, map_location="cpu", weights_only=True)
 
 
-def test_export_of_a_generator_average_and_of_the_raw_generator(checkpoint_of, tmp_path):
-    """``--generator-ema``: export-onnx exports the average (what physics validation judged),
-    and with ``--raw-generator`` the trained weights; each ONNX file matches its own
-    generator, built here from the checkpoint, and fails against the other (the control).
-    Two steps: the average of two differs from the last weights. A checkpoint without an
-    average (the 3DGAN one above) refuses ``--raw-generator``."""
-    ckpt, state = _steps(tmp_path / "run", 2, "--generator-ema", "0.5")
-    raw = gan3d.Generator()
-    raw.load_state_dict(state["modules"]["generator"])
-    average = gan3d.Generator()
-    saved = state["extra"]["generator_average"]
-    assert saved["updates"] == 2 and saved["decay"] == 0.5
-    average.load_state_dict(saved["module"])   # the averaged weights and their statistics
-    x = np.random.default_rng(9).standard_normal((3, gan3d.LATENT)).astype(np.float32)
-    for flags, mine, other in (([], average, raw), (["--raw-generator"], raw, average)):
-        onnx_file = tmp_path / f"g{len(flags)}.onnx"
-        done = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
-                    str(onnx_file), *flags], base_env(), timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-        said = "the trained weights" if flags else "the generator weight average (decay 0.5, 2"
-        assert said in done.stdout
-        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-        assert _excess(session, mine.eval(), x) <= 1
-        assert _excess(session, other.eval(), x) > 10
-    plain = checkpoint_of(*GAN3D)
-    refused = run(["hpcai-launch", "export-onnx", str(plain), "--model", "3dgan",
-                   "--raw-generator"], base_env())
-    assert refused.returncode == 2 and "the checkpoint has no generator average" in refused.stderr
-    assert "hint: leave --raw-generator out" in refused.stderr
+# One 3DGAN run with every option that changes what export-onnx writes: the networks see GeV
+# x 100, BatchNorm is per calorimeter layer, a generator weight average is kept and the
+# trained generator is validated with standing statistics. Two steps: the average of two
+# differs from the last weights.
+TUNED = ("--cell-scale", "100", "--bn-axis", "depth", "--generator-ema", "0.5",
+         "--validate-bn", "standing")
+LATENTS = np.random.default_rng(9).standard_normal((3, gan3d.LATENT)).astype(np.float32)
 
 
-def test_export_of_a_standing_run_carries_the_statistics_its_validation_used(tmp_path):
-    """``--validate-bn standing``: export-onnx exports the trained weights with BatchNorm
-    statistics measured for them on the validation's fixed inputs, and says so; the ONNX
-    file matches that generator, built here, and fails against the same weights with their
-    moving statistics (the control)."""
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """The run of :data:`TUNED` (1 rank, 2 steps, ``--recipe cern2019``) and its two
+    exports, the default one and the one with ``--raw-generator``: what the checkpoint
+    holds, what each export printed and computed on :data:`LATENTS`, and what the run's
+    generators, built here from the checkpoint, compute on them in their own units (GeV x
+    100): the average, and the trained weights with their moving and with standing
+    statistics."""
     from hpcai.training.averaging import standing_statistics
     from hpcai.training.tasks import standing_inputs
 
-    ckpt, state = _steps(tmp_path / "run", 1, "--validate-bn", "standing")
-    moving = gan3d.Generator()
-    moving.load_state_dict(state["modules"]["generator"])
-    standing = gan3d.Generator()
-    standing.load_state_dict(state["modules"]["generator"])
-    standing_statistics(standing, standing_inputs(2, torch.device("cpu")))
-    onnx_file = tmp_path / "g.onnx"
-    done = run(["hpcai-launch", "export-onnx", str(ckpt), "--model", "3dgan", "--out",
-                str(onnx_file)], base_env(), timeout=300)
+    tmp = tmp_path_factory.mktemp("tuned")
+    ckpt, state = _steps(tmp / "run", 2, *TUNED)
+    nets = {name: gan3d.Generator(bn_axis="depth") for name in ("average", "moving", "standing")}
+    nets["average"].load_state_dict(state["extra"]["generator_average"]["module"])
+    nets["moving"].load_state_dict(state["modules"]["generator"])
+    nets["standing"].load_state_dict(state["modules"]["generator"])
+    standing_statistics(nets["standing"], standing_inputs(2, torch.device("cpu")))
+    with torch.no_grad():
+        torch_out = {name: net.eval()(torch.from_numpy(LATENTS)).numpy()
+                     for name, net in nets.items()}
+    flags = {"default": [], "raw": ["--raw-generator"]}
+    argv = [a for name, more in flags.items() for a in (
+        "::", str(ckpt), "--model", "3dgan", "--out", str(tmp / f"{name}.onnx"), *more)]
+    done = run([sys.executable, str(SEVERAL), *argv[1:]], base_env(), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    assert "with standing BatchNorm statistics (--validate-bn standing)" in done.stdout
-    x = np.random.default_rng(9).standard_normal((3, gan3d.LATENT)).astype(np.float32)
-    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    assert _excess(session, standing.eval(), x) <= 1
-    assert _excess(session, moving.eval(), x) > 10
+    exports = {}
+    said_lines = [line for line in done.stdout.splitlines() if line.startswith('{"rc"')]
+    for name, line in zip(flags, said_lines, strict=True):
+        said = json.loads(line)
+        assert said["rc"] == 0, said
+        session = _session(tmp / f"{name}.onnx")
+        (got,) = session.run(None, {session.get_inputs()[0].name: LATENTS})
+        exports[name] = (said["stdout"], got)
+    return {"state": state, "torch": torch_out, "exports": exports}
+
+
+def test_export_of_a_cell_scaled_depth_bn_generator_writes_gev(tuned):
+    """A generator trained with ``--cell-scale 100 --bn-axis depth`` exports with its own
+    BatchNorm layout (the checkpoint's weights load only into a per-layer generator) and its
+    showers in GeV: each ONNX file matches its generator ÷ 100. Control: that generator's
+    raw output (GeV x 100) fails the same comparison."""
+    assert tuned["state"]["config"]["bn_axis"] == "depth"
+    for export, mine in (("default", "average"), ("raw", "standing")):
+        got = tuned["exports"][export][1]
+        assert _excess_over(got, tuned["torch"][mine] / 100.0) <= 1
+        assert _excess_over(got, tuned["torch"][mine]) > 10
+
+
+def test_export_of_a_generator_average_and_of_the_raw_generator(tuned, checkpoint_of, capsys):
+    """``--generator-ema``: export-onnx exports the average (what physics validation judged),
+    and with ``--raw-generator`` the trained weights; each ONNX file matches its own
+    generator, built here from the checkpoint, and fails against the other (the control).
+    A checkpoint without an average (the 3DGAN one above) refuses ``--raw-generator``."""
+    saved = tuned["state"]["extra"]["generator_average"]
+    assert saved["updates"] == 2 and saved["decay"] == 0.5
+    average, trained = (tuned["torch"][k] / 100.0 for k in ("average", "standing"))
+    for export, said, mine, other in (
+            ("default", "the generator weight average (decay 0.5, 2", average, trained),
+            ("raw", "the trained weights", trained, average)):
+        stdout, got = tuned["exports"][export]
+        assert said in stdout
+        assert _excess_over(got, mine) <= 1
+        assert _excess_over(got, other) > 10
+    refused = _refused(capsys, str(checkpoint_of(*GAN3D)), "--model", "3dgan",
+                       "--raw-generator")
+    assert "the checkpoint has no generator average" in refused
+    assert "hint: leave --raw-generator out" in refused
+
+
+def test_export_of_a_standing_run_carries_the_statistics_its_validation_used(tuned):
+    """``--validate-bn standing``: export-onnx exports the trained weights with BatchNorm
+    statistics measured for them on the validation's fixed inputs, and says so; the ONNX
+    file matches that generator, built here, and fails against the same weights with their
+    moving statistics (the control). The run keeps an average, so its trained weights are
+    the ``--raw-generator`` export; :func:`hpcai.training.export.build` of the same
+    checkpoint without the average picks that generator by default (the same outputs, and
+    not those of the moving statistics)."""
+    from hpcai.training import export
+
+    stdout, got = tuned["exports"]["raw"]
+    assert "with standing BatchNorm statistics (--validate-bn standing)" in stdout
+    standing, moving = (tuned["torch"][k] / 100.0 for k in ("standing", "moving"))
+    assert _excess_over(got, standing) <= 1
+    assert _excess_over(got, moving) > 10
+    state = copy.deepcopy(tuned["state"])
+    del state["extra"]["generator_average"]
+    net, _, weights = export.build(state, "3dgan")
+    assert "with standing BatchNorm statistics (--validate-bn standing)" in weights
+    with torch.no_grad():
+        built = net(torch.from_numpy(LATENTS)).numpy()
+    assert np.max(np.abs(built - standing)) <= 1e-3 * _bound(standing)
+    assert np.max(np.abs(built - moving)) > 10 * _bound(moving)
