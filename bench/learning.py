@@ -152,6 +152,10 @@ def run_seed(seed: int, args: argparse.Namespace, workdir: Path,
     wall = time.monotonic() - start
     if proc.returncode != 0 and dead_at is None and not deadline_hit:
         raise SystemExit(f"error: seed {seed}: training exited {proc.returncode}")
+    if deadline_hit and not (out / "physics.json").exists():   # before its first validation
+        raise SystemExit(f"error: seed {seed}: --deadline {args.deadline:.0f} s reached before "
+                         "its first validation: no result\nhint: raise --deadline, or run again "
+                         "with --train-arg=--resume to continue from its checkpoint")
     doc = json.loads((out / "physics.json").read_text())
     validations = doc["validations"]
     records = epoch_records(out)
