@@ -22,6 +22,8 @@ line that names its cause (:data:`CAUSES`):
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -29,9 +31,9 @@ import shlex
 import shutil
 import subprocess
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 HEALTHY = "healthy"
 CONTROLS = ("singleton", "image-mpi", "tcp-fallback", "missing-fabric", "cpu-binding")
@@ -161,18 +163,35 @@ def scenario_argv(scenario: str, image: Path, env: dict[str, str],
         raise ValueError(f"unknown scenario {scenario!r}")
 
 
-_SHARED: dict[tuple[str, Path], Result] = {}
+_SHARED: dict[tuple[str, str], Result] = {}
 
 
-def shared_scenario(scenario: str, image: Path, env: dict[str, str],
-                    new_dir: Callable[[], Path]) -> Result:
-    """:func:`run_scenario`, run once per test session for each scenario and image (in a
-    directory from ``new_dir``): the tests that only read a run's output share it
-    (``tests/test_validate.py`` and ``tests/test_containers.py``)."""
-    key = (scenario, Path(image))
-    if key not in _SHARED:
-        _SHARED[key] = run_scenario(scenario, image, env, new_dir())
-    return _SHARED[key]
+def shared_scenario(scenario: str, image: Path, env: dict[str, str], factory) -> Result:
+    """:func:`run_scenario`, run once per test run for each scenario and image: the tests that
+    only read a run's output share it (``tests/test_validate.py`` and
+    ``tests/test_containers.py``). ``factory`` is pytest's ``tmp_path_factory``. Under
+    pytest-xdist the workers share the run's base directory: the first worker to ask runs the
+    scenario there while holding a lock, and the others wait on the lock and read its result."""
+    key = (scenario, str(Path(image).resolve()))
+    if key in _SHARED:
+        return _SHARED[key]
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    name = f"validate-{scenario}-{hashlib.sha256(key[1].encode()).hexdigest()[:12]}"
+    done = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            result = Result(**json.loads(done.read_text()))
+        else:
+            work = root / name
+            work.mkdir(exist_ok=True)
+            result = run_scenario(scenario, image, env, work)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(result)))
+            tmp.replace(done)
+    _SHARED[key] = result
+    return result
 
 
 def run_scenario(scenario: str, image: Path, env: dict[str, str], work: Path) -> Result:

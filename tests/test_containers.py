@@ -119,9 +119,9 @@ def test_container_preflight_errors(case, image, tmp_path):
 def test_validate_passes_with_host_mpi_and_fails_without(image, tmp_path_factory):
     """The negative controls are in tests/test_validate.py; this is the pair in short: its
     healthy and image-mpi runs (``validate --container IMG -N 2``, the same with
-    ``--no-bind-host-mpi``), run once per session for both files."""
+    ``--no-bind-host-mpi``), run once per test run for both files."""
     def scenario(name: str):
-        return shared_scenario(name, image, image_env(), lambda: tmp_path_factory.mktemp(name))
+        return shared_scenario(name, image, image_env(), tmp_path_factory)
 
     good = scenario(HEALTHY)
     assert good.code == 0, good.stdout + good.stderr[-3000:]

@@ -42,7 +42,7 @@ def _scenario(name: str, image: Path, tmp_path_factory):
     why = missing(name)
     if why:
         pytest.skip(why)
-    return shared_scenario(name, image, image_env(), lambda: tmp_path_factory.mktemp(name))
+    return shared_scenario(name, image, image_env(), tmp_path_factory)
 
 
 @container
