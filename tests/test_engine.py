@@ -24,114 +24,124 @@ VARIANTS = [("mlp", ()), ("mlp", ("--blocking",)), ("mlp", ("--progress", "nonbl
             ("gan-d", ()), ("gan-d", ("--loss-divided",)), ("gan-g", ())]
 
 
-def _job(ranks: int, runs: list[list[str]], folder: Path):
-    """One hpcai-launch job of dp_equivalence.py that runs every variant of ``runs`` in turn
-    (one start-up of the ranks for all of them)."""
-    spec = folder / f"runs-{ranks}.json"
-    spec.write_text(json.dumps(runs))
-    return run(["hpcai-launch", "-N", str(ranks), "--oversubscribe", "--", "python",
-                str(PROGRAMS / "dp_equivalence.py"), "--each", str(spec)],
-               base_env(), timeout=300 + 60 * len(runs))
+# The models whose 1-rank references each variant is compared with, and the rank of the
+# 2-rank job that computes each (on MPI.COMM_SELF, while the other computes the rest).
+REFERENCE_RANK = {"mlp": 1, "gan-d": 1, "gan-g": 0}
+# The 2-rank runs of streamed_allreduce.py on Open MPI, by test id.
+STREAMED = {"openmpi-0.3MiB": ["--call-mb", "0.3"], "openmpi-measured": [],
+            "no-synchronize (control)": ["--call-mb", "0.3", "--no-sync"]}
+
+
+# glibc's malloc keeping freed memory instead of returning it to the kernel: the float64
+# generator's large temporaries are then not page-faulted in again at every step (34 of
+# the shared job's 80 CPU-s were kernel time without it). Numerics are unchanged.
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
+
+
+def one_job(mpi: str, parts: list[list[str]], folder: Path, timeout: float = 600):
+    """One 2-rank hpcai-launch job of one_job.py running ``parts`` (``[NAME, PROGRAM,
+    ARGS...]``) in turn: one start-up of the ranks for all of them."""
+    spec = folder / f"{mpi}-parts.json"
+    spec.write_text(json.dumps(parts))
+    return run(["hpcai-launch", "--mpi", mpi, "-N", "2", "--oversubscribe", "--", "python",
+                str(PROGRAMS / "one_job.py"), str(spec)], base_env(**KEEP_FREED_MEMORY),
+               timeout=timeout)
+
+
+def part(result, name: str) -> tuple[list[str], list[str]]:
+    """The stdout lines that part ``name`` of a one_job.py job printed (both ranks), without
+    its ``exit N`` lines, and those exit lines."""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prefix = f"{name}| "
+    mine = [line[len(prefix):] for line in result.stdout.splitlines()
+            if line.startswith(prefix)]
+    return ([line for line in mine if not line.startswith("exit ")],
+            [line for line in mine if line.startswith("exit ")])
 
 
 @pytest.fixture(scope="module")
-def dp_runs(tmp_path_factory) -> tuple[Path, dict[int, object]]:
-    """The 3 steps of dp_equivalence.py for every variant: all the 1-rank references in one
-    job, and all the 2-rank runs with the controls (2 ranks, no averaging; one per model run
-    without flags) in another. The files: ``one-I.npz``, ``two-I.npz``, ``alone-I.npz`` for
-    variant I."""
-    folder = tmp_path_factory.mktemp("dp")
-    one = [[model, str(folder / f"one-{i}.npz"), *extra]
-           for i, (model, extra) in enumerate(VARIANTS)]
-    two = [[model, str(folder / f"two-{i}.npz"), *extra]
-           for i, (model, extra) in enumerate(VARIANTS)]
-    two += [[model, str(folder / f"alone-{i}.npz"), "--no-average"]
-            for i, (model, extra) in enumerate(VARIANTS) if not extra]
-    return folder, {1: _job(1, one, folder), 2: _job(2, two, folder)}
+def openmpi_job(tmp_path_factory) -> tuple[Path, object]:
+    """The Open MPI 2-rank programs of this file in one job: dp_equivalence.py (the 1-rank
+    reference of each model, each on one rank alone, then every variant with 2 ranks, and
+    the controls: 2 ranks, no averaging, one per model run without flags),
+    silent_divergence.py, grad_scale.py with each control, and streamed_allreduce.py
+    (:data:`STREAMED`, the control last). dp_equivalence's files: ``one-MODEL.npz``,
+    ``two-I.npz`` and ``alone-I.npz`` for variant I."""
+    folder = tmp_path_factory.mktemp("engine")
+    runs = [[model, str(folder / f"one-{model}.npz"), "--alone", str(rank)]
+            for model, rank in REFERENCE_RANK.items()]
+    runs += [[model, str(folder / f"two-{i}.npz"), *extra]
+             for i, (model, extra) in enumerate(VARIANTS)]
+    runs += [[model, str(folder / f"alone-{i}.npz"), "--no-average"]
+             for i, (model, extra) in enumerate(VARIANTS) if not extra]
+    (folder / "runs.json").write_text(json.dumps(runs))
+    parts = [["dp", "dp_equivalence.py", "--each", str(folder / "runs.json")],
+             ["divergence", "silent_divergence.py"],
+             ["grad_scale", "grad_scale.py", "--each-control"],
+             *[[name, "streamed_allreduce.py", *args] for name, args in STREAMED.items()]]
+    return folder, one_job("openmpi", parts, folder, timeout=900)
 
 
-def _updates(dp_runs, ranks: int, name: str) -> dict[str, np.ndarray]:
-    """The weight update of every parameter over the 3 steps, from the shared jobs' files."""
-    folder, jobs = dp_runs
-    result = jobs[ranks]
-    assert result.returncode == 0, f"the {ranks}-rank job: {result.stderr[-3000:]}"
+def _updates(openmpi_job, name: str) -> dict[str, np.ndarray]:
+    """The weight update of every parameter over the 3 steps, from the shared job's files."""
+    folder, result = openmpi_job
+    assert part(result, "dp")[1] == ["exit 0"] * 2, result.stderr[-3000:]
     return dp_updates.updates(folder / name)
 
 
 @pytest.mark.parametrize("model,extra", VARIANTS)
-def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, dp_runs):
+def test_two_ranks_equal_one_rank_with_twice_the_batch(model, extra, openmpi_job):
     """3 SGD steps: the update of every parameter with 2 ranks x b equals that with
-    1 rank x 2b; the control, 2 ranks without averaging, must fail the same comparison."""
+    1 rank x 2b (one rank alone, on the whole batch); the control, 2 ranks without
+    averaging, must fail the same comparison."""
     i = VARIANTS.index((model, extra))
     what = " ".join([model, *extra])
-    single = _updates(dp_runs, 1, f"one-{i}.npz")
+    single = _updates(openmpi_job, f"one-{model}.npz")
     still = [name for name, u in single.items() if not np.any(u)]
     assert not still, f"{what}: parameters that did not move compare nothing: {still}"
-    name, rel = dp_updates.worst(single, _updates(dp_runs, 2, f"two-{i}.npz"))
+    name, rel = dp_updates.worst(single, _updates(openmpi_job, f"two-{i}.npz"))
     assert rel <= TOL[model], f"{what} {name}: update differs by {rel:.3g} (relative)"
     if not extra:
-        alone = _updates(dp_runs, 2, f"alone-{i}.npz")
+        alone = _updates(openmpi_job, f"alone-{i}.npz")
         name, rel = dp_updates.worst(single, alone)
         assert rel > TOL[model], f"{what}: the control should fail the comparison, got {rel:.3g}"
         assert dp_updates.total(single, alone) > 0.1, \
             f"{what}: the control should be far off, not marginally"
 
 
-@pytest.fixture(scope="module")
-def grad_scale_job():
-    """grad_scale.py with each control (none, twice, never) in one 2-rank job."""
-    return run(["hpcai-launch", "-N", "2", "--oversubscribe", "--", "python",
-                str(PROGRAMS / "grad_scale.py"), "--each-control"], base_env(), timeout=300)
-
-
 @pytest.mark.parametrize("control", [None, "twice", "never"])
-def test_gradients_are_scaled_exactly_once(control, grad_scale_job):
+def test_gradients_are_scaled_exactly_once(control, openmpi_job):
     """2 ranks with gradients known in closed form: after synchronize() every gradient is the
     mean, in every mode (overlap with each progress strategy: hook, thread, nonblocking;
     blocking; the loss divided by the engine, or by train's own callback, or the gradients;
     zeroed or set to None). The controls, gradients scaled twice and not at all, must fail
     every case."""
-    result = grad_scale_job
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    result = openmpi_job[1]
+    printed, exits = part(result, "grad_scale")
+    assert exits == ["exit 0"] * 2, result.stdout[-3000:] + result.stderr[-3000:]
     prefix = f"{control or 'none'}: "
-    mine = [line[len(prefix):] for line in result.stdout.splitlines()
-            if line.startswith(prefix)]
+    mine = [line[len(prefix):] for line in printed if line.startswith(prefix)]
     lines = [line for line in mine if line.startswith(("ok", "FAIL"))]
     exits = [line for line in mine if line.startswith("exit ")]
-    assert lines and len(exits) == 1, result.stdout + result.stderr[-3000:]
+    assert lines and len(exits) == 1, "\n".join(printed) + result.stderr[-3000:]
     if control is None:
-        assert exits == ["exit 0"] and len(lines) == 24, result.stdout
-        assert all(line.startswith("ok") for line in lines), result.stdout
+        assert exits == ["exit 0"] and len(lines) == 24, printed
+        assert all(line.startswith("ok") for line in lines), printed
     else:
         factor = {"twice": "factor 0.5", "never": "factor 2"}[control]
-        assert exits == ["exit 1"], result.stdout
+        assert exits == ["exit 1"], printed
         assert all(line.startswith("FAIL") and line.endswith(factor) for line in lines), \
-            f"{control}: {result.stdout}"
+            f"{control}: {printed}"
 
 
-def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(tmp_path):
-    """A backend that silently skips averaging (as Horovod's Keras 3 path did) is caught."""
-    script = tmp_path / "silent.py"
-    script.write_text(
-        "import torch\n"
-        "from mpi4py import MPI\n"
-        "from hpcai.training.replicas import verify, ReplicaDivergence\n"
-        "from hpcai.training.torch_trainer import broadcast_state, module_arrays\n"
-        "comm = MPI.COMM_WORLD\n"
-        "m = torch.nn.Linear(8, 2)\n"
-        "broadcast_state([m], comm)\n"
-        "verify(module_arrays([m]), comm, exact=True)\n"
-        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "torch.manual_seed(comm.rank)\n"
-        "m(torch.randn(4, 8)).sum().backward()  # no allreduce: the silent failure\n"
-        "opt.step()\n"
-        "try:\n"
-        "    verify(module_arrays([m], buffers=False), comm, exact=False)\n"
-        "except ReplicaDivergence as exc:\n"
-        "    print('caught:', exc, flush=True)\n")
-    result = run(["hpcai-launch", "-N", "2", "--", "python", str(script)], base_env())
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("caught:") == 2 and "diverged" in result.stdout
+def test_divergence_check_fails_loudly_when_gradients_are_not_averaged(openmpi_job):
+    """A backend that silently skips averaging (as Horovod's Keras 3 path did) is caught,
+    on both ranks (tests/programs/silent_divergence.py)."""
+    result = openmpi_job[1]
+    printed, exits = part(result, "divergence")
+    assert exits == ["exit 0"] * 2, result.stderr[-3000:]
+    caught = [line for line in printed if line.startswith("caught:")]
+    assert len(caught) == 2 and all("diverged" in line for line in caught), printed
 
 
 class _NoTransport:
@@ -446,31 +456,41 @@ def test_a_size_replaces_the_calibrated_one_only_by_the_margin():
     assert tuned(0.98) == 1 and tuned(0.90) == 2
 
 
-@pytest.mark.parametrize("mpi, extra, want", [
-    ("openmpi", ["--call-mb", "0.3"], "ok"), ("mpich", ["--call-mb", "0.3"], "ok"),
-    ("openmpi", [], "ok"), ("openmpi", ["--call-mb", "0.3", "--no-sync"], "FAIL")],
+@pytest.fixture(scope="module")
+def mpich_streamed(tmp_path_factory):
+    """streamed_allreduce.py --call-mb 0.3 as a 2-rank MPICH job (one_job.py, one part)."""
+    folder = tmp_path_factory.mktemp("mpich")
+    return one_job("mpich", [["mpich-0.3MiB", "streamed_allreduce.py", "--call-mb", "0.3"]],
+                   folder, timeout=300)
+
+
+@pytest.mark.parametrize("name, want", [
+    ("openmpi-0.3MiB", "ok"), ("mpich-0.3MiB", "ok"), ("openmpi-measured", "ok"),
+    ("no-synchronize (control)", "FAIL")],
     ids=["openmpi-0.3MiB", "mpich-0.3MiB", "openmpi-measured", "no-synchronize (control)"])
-def test_calls_that_cross_buckets_give_the_exact_mean(mpi, extra, want):
+def test_calls_that_cross_buckets_give_the_exact_mean(name, want, request):
     """2 ranks on a real MPI: the arena (4 buckets, about 2.6 MiB) reduced in 0.3 MiB calls
     that cross bucket boundaries, or in the measured call size (the same on both ranks at
     every step, while the first steps try 1 MiB and the whole arena, and after),
     leaves every gradient the exact mean, in ceil(arena / call) calls. The control gives one
     parameter of the last bucket no gradient (unused) and leaves out synchronize(): the
-    calls from that bucket on are never made, and the mean is wrong."""
-    result = run(["hpcai-launch", "--mpi", mpi, "-N", "2", "--oversubscribe", "--",
-                  "python", str(PROGRAMS / "streamed_allreduce.py"), *extra], base_env(),
-                 timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [ln.split() for ln in result.stdout.splitlines() if ln.endswith(("ok", "FAIL"))]
-    assert len(lines) == 2 and {ln[2] for ln in lines} == {want}, result.stdout
+    calls from that bucket on are never made, and the mean is wrong. The Open MPI runs are
+    parts of the shared job (:data:`STREAMED`), the control last in it."""
+    if name.startswith("mpich"):
+        result, extra = request.getfixturevalue("mpich_streamed"), ["--call-mb", "0.3"]
+    else:
+        result, extra = request.getfixturevalue("openmpi_job")[1], STREAMED[name]
+    printed, exits = part(result, name)
+    assert exits == ["exit 0"] * 2, result.stderr[-3000:]
+    lines = [ln.split() for ln in printed if ln.endswith(("ok", "FAIL"))]
+    assert len(lines) == 2 and {ln[2] for ln in lines} == {want}, printed
     chunk, calls = int(lines[0][0]), int(lines[0][1])
     total = sum(400 * 400 + 400 for _ in range(4))
     if "--no-sync" in extra:
         assert 0 < calls < -(-total // chunk)
     else:
         assert calls == -(-total // chunk) and lines[0][:2] == lines[1][:2]
-    used = [[int(n) for n in ln.split()[1:]] for ln in result.stdout.splitlines()
-            if ln.startswith("sizes:")]
+    used = [[int(n) for n in ln.split()[1:]] for ln in printed if ln.startswith("sizes:")]
     assert len(used) == 2 and used[0] == used[1]
     if extra[:1] == ["--call-mb"]:
         assert chunk == int(0.3 * 2**20) // 4 and len(used[0]) == 1
@@ -498,18 +518,26 @@ def test_a_bucket_closes_once_it_holds_the_limit():
     assert mixed == [[6], [5, 4, 3], [2, 1, 0]]
 
 
+@pytest.fixture(scope="module")
+def intel_job(tmp_path_factory):
+    """chunked_allreduce.py as Intel MPI, then treated as Open MPI: one 2-rank Intel MPI job
+    (one_job.py, two parts)."""
+    folder = tmp_path_factory.mktemp("intel")
+    return one_job("intel", [["intel", "chunked_allreduce.py"],
+                             ["openmpi", "chunked_allreduce.py", "--family", "openmpi"]],
+                   folder, timeout=300)
+
+
 @pytest.mark.parametrize("family, calls", [(None, 4), ("openmpi", 1)],
                          ids=["intel", "whole-bucket (control)"])
-def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls):
+def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls, intel_job):
     """Under Intel MPI a 3 MiB bucket is reduced as four calls of at most 1 MiB
     (``allreduce.CHUNK_BYTES``), and both ranks get the exact sum; the control, the same
     run treated as Open MPI, reduces it in one call."""
-    result = run(["hpcai-launch", "--mpi", "intel", "-N", "2", "--oversubscribe", "--",
-                  "python", str(PROGRAMS / "chunked_allreduce.py"),
-                  *(["--family", family] if family else [])], base_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if line.endswith(("ok", "FAIL")))
-    assert lines == [f"{family or 'intel'} {calls} ok"] * 2, result.stdout
+    printed, exits = part(intel_job, family or "intel")
+    assert exits == ["exit 0"] * 2, intel_job.stderr[-3000:]
+    lines = sorted(line for line in printed if line.endswith(("ok", "FAIL")))
+    assert lines == [f"{family or 'intel'} {calls} ok"] * 2, printed
 
 
 _FAMILY_PROGRESS = """

@@ -26,13 +26,24 @@ in full fp32 (TF32 off).
 family's); ``--loss-divided`` runs backward through ``GradAllreducer.backward`` (the loss
 divided by the world size instead of the gradients).
 
+``--alone R`` runs the variant on rank R alone (``MPI.COMM_SELF``: a world of 1, which R
+saves) while the other ranks skip it: the 1-rank reference computed inside a job of W ranks.
+Consecutive ``--alone`` variants of ``--each`` run at the same time on their ranks, which
+then meet in ``training.waits.idle_barrier`` (asleep, not polling a core, while the others
+finish) before the next variant that uses every rank.
+
 ``--each RUNS.json`` runs several such variants one after the other in this one MPI job
 (the suite's way of paying for one start-up instead of one per variant): RUNS.json is a list
 of argument lists, each ``[MODEL, OUT.npz, flags...]``. Every variant starts from the same
 seeds as a process of its own would.
 
+The optimiser is SGD with momentum 0.9 written out (``torch.optim.SGD``'s update with its
+defaults: buf = g on the first step, then buf = 0.9 buf + g; p -= lr buf): the same update
+on every rank and in the reference, without the 2.4 CPU-s import of ``torch._dynamo`` that
+torch's optimisers make on first use.
+
 usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average] [--device cuda]
-                         [--progress hook|thread|nonblocking] [--loss-divided]
+                         [--progress hook|thread|nonblocking] [--loss-divided] [--alone R]
        dp_equivalence.py --each RUNS.json
        MODEL: mlp | gan-d | gan-g
 """
@@ -48,10 +59,10 @@ from hpcai.models import gan3d
 from hpcai.models.gan3d_spec import LATENT, weighted_loss
 from hpcai.training.allreduce import GradAllreducer, MpiTransport
 from hpcai.training.torch_trainer import broadcast_state, rank_device
+from hpcai.training.waits import idle_barrier
 
 LR = {"mlp": 0.01, "gan-d": 1e-3, "gan-g": 1e-6}
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
+MOMENTUM = 0.9
 # full fp32 on a GPU, as on the CPU: cuDNN's default TF32 convolutions alone moved the
 # discriminator's 2-rank update by 3.5e-4 (relative) on an H200, beyond the tolerance
 torch.backends.cudnn.allow_tf32 = False
@@ -66,8 +77,40 @@ def no_dropout_eval_bn(module):
             m.eval()
 
 
+class MomentumSGD:
+    """``torch.optim.SGD(params, lr, momentum)`` with its other defaults (no dampening,
+    weight decay or Nesterov): the first step's buffer is the gradient itself."""
+
+    def __init__(self, params, lr: float, momentum: float) -> None:
+        self.params, self.lr, self.momentum = list(params), lr, momentum
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            buf = self.buffers.get(id(p))
+            if buf is None:
+                buf = self.buffers[id(p)] = p.grad.detach().clone()
+            else:
+                buf.mul_(self.momentum).add_(p.grad)
+            p.add_(buf, alpha=-self.lr)
+
+
 def variant(argv: list[str]) -> None:
-    """3 steps of one variant (``MODEL OUT.npz [flags...]``); rank 0 saves the parameters."""
+    """3 steps of one variant (``MODEL OUT.npz [flags...]``); rank 0 of the variant's
+    communicator saves the parameters."""
+    comm = MPI.COMM_WORLD
+    if "--alone" in argv:
+        if comm.Get_rank() != int(argv[argv.index("--alone") + 1]):
+            return
+        comm = MPI.COMM_SELF
+    rank, world = comm.Get_rank(), comm.Get_size()
     model_name, out = argv[0], argv[1]
     overlap = "--blocking" not in argv
     average = "--no-average" not in argv
@@ -124,11 +167,11 @@ def variant(argv: list[str]) -> None:
     initial = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
     reducer = GradAllreducer(model, MpiTransport(comm), bucket_mb=0.05, overlap=overlap,
                              progress=progress) if average else None
-    opt = torch.optim.SGD(model.parameters(), lr=LR[model_name], momentum=0.9)
+    opt = MomentumSGD(model.parameters(), lr=LR[model_name], momentum=MOMENTUM)
     per_rank = GLOBAL // world
     for x, y in batches:
         lo, hi = rank * per_rank, (rank + 1) * per_rank
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss = loss_fn(x[lo:hi], y[lo:hi])
         if loss_divided and reducer is not None:
             reducer.backward(loss)
@@ -144,8 +187,15 @@ def variant(argv: list[str]) -> None:
                  **{f"init.{name}": a for name, a in initial.items()})
 
 
-if sys.argv[1] == "--each":
-    for argv in json.loads(open(sys.argv[2]).read()):
-        variant(argv)
-else:
-    variant(sys.argv[1:])
+if __name__ == "__main__":
+    if sys.argv[1] == "--each":
+        alone = False
+        for argv in json.loads(open(sys.argv[2]).read()):
+            if alone and "--alone" not in argv:
+                idle_barrier(MPI.COMM_WORLD)
+            alone = "--alone" in argv
+            variant(argv)
+        if alone:
+            idle_barrier(MPI.COMM_WORLD)
+    else:
+        variant(sys.argv[1:])
