@@ -1,7 +1,9 @@
 """Horovod through hpcai-launch: unmodified user scripts, and --comm horovod in the engine.
 
 Skipped, with the reason printed, where Horovod is not built (``scripts/build-horovod.sh``,
-which ``run-tests.sh`` runs: about 6 minutes once, then a cached wheel).
+which ``run-tests.sh`` runs: about 6 minutes once, then a cached wheel). The TensorFlow
+engine's ``--comm horovod`` is tested on test_tf_training.py's resumed 3DGAN run
+(``needs_hvd_tf`` marks it).
 """
 
 from __future__ import annotations
@@ -66,29 +68,15 @@ def test_unmodified_horovod_script_under_mpirun():
 def test_comm_horovod_pytorch_trains_and_keeps_replicas_identical(tmp_path):
     out = tmp_path / "run"
     result = run(["hpcai-launch", "-N", "2", "--", "train", "resnet-tiny", "--image-size",
-                  "32", "--classes", "10", "--batch-size", "4", "--samples", "32",
+                  "32", "--classes", "10", "--batch-size", "4", "--samples", "16",
                   "--epochs", "1", "--comm", "horovod", "--verify-every", "1",
-                  "--peak-gflops", "50", "--out", str(out)], base_env(), timeout=300)
+                  "--eval-samples", "0", "--peak-gflops", "50", "--out", str(out)],
+                 base_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = [json.loads(x) for x in (out / "epochs.jsonl").read_text().splitlines()]
     assert record["provenance"]["comm"] == "horovod"
     assert record["provenance"]["comm_version"] == "horovod 0.28.1"
-    assert record["steps"] == 4 and record["allreduce"]["calls"] >= 4
-
-
-@needs_hvd_tf
-def test_comm_horovod_tensorflow_trains_and_keeps_replicas_identical(tmp_path):
-    out = tmp_path / "run"
-    result = run(["hpcai-launch", "-N", "2", "--", "train", "3dgan", "--framework",
-                  "tensorflow", "--comm", "horovod", "--generate", "16", "--batch-size", "2",
-                  "--epochs", "1", "--max-steps", "1", "--verify-every", "1",
-                  "--eval-samples", "0", "--peak-gflops", "50", "--out", str(out)],
-                 base_env(), timeout=400)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (record,) = [json.loads(x) for x in (out / "epochs.jsonl").read_text().splitlines()]
-    assert record["framework"] == "tensorflow"
-    assert record["provenance"]["comm_version"] == "horovod 0.28.1"
-    assert record["allreduce"]["calls"] == 4   # D, D, G, G in its step, one grouped call each
+    assert record["steps"] == 2 and record["allreduce"]["calls"] >= 2
 
 
 @needs_hvd_torch

@@ -2,7 +2,9 @@
 
 The shared 3DGAN run and its resume run with torch blocked from import in every process
 (launcher and ranks; ``conftest.blocked_env``): the TensorFlow path imports no torch. The
-control of the block is in test_tf_without_torch.py."""
+control of the block is in test_tf_without_torch.py. The resume run averages with
+``--comm horovod`` where Horovod is built for TensorFlow, and is then also the Horovod
+TensorFlow test (the other Horovod tests are in test_horovod.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from conftest import base_env, blocked_env, run
+from hpcai.training.config import horovod_built
+from test_horovod import needs_hvd_tf
 from test_tf_without_torch import HALTED
 
 pytestmark = pytest.mark.mpi
 PROGRAMS = Path(__file__).parent / "programs"
+# physics validation on 2 held-out events (1 per rank): every record has its summary
 GAN = ["3dgan", "--generate", "32", "--batch-size", "2", "--peak-gflops", "50",
-       "--eval-samples", "4"]
+       "--eval-samples", "4", "--validate-events", "2"]
 
 
 def train(ranks: int, *args: str, env: dict | None = None, timeout: float = 400):
@@ -47,18 +51,22 @@ def no_torch(tmp_path_factory) -> dict:
 def tf_gan_run(tmp_path_factory, no_torch):
     """A 2-rank TensorFlow 3DGAN run of 2 epochs of one step each (a TensorFlow 3DGAN step
     takes 5-9 s on a core here), torch blocked, its output folder and its result: read by
-    the records test and the export test, and copied and resumed by the resume test."""
+    the records test and the export test, and copied and resumed by ``tf_gan_resumed``."""
     out = tmp_path_factory.mktemp("tf-gan") / "run"
     return out, train(2, *TF_GAN, "--epochs", "2", "--out", str(out), env=no_torch)
 
 
 def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tf_gan_run, tmp_path):
+    """The TensorFlow run's records against a 1-rank PyTorch run's (a record's fields and
+    the FLOP count do not depend on the number of ranks)."""
+    import tensorflow as tf
+
     tf_out, result = tf_gan_run
     torch_out = tmp_path / "torch"
     assert result.returncode == 0, result.stderr[-3000:]
     assert HALTED not in result.stderr
     assert "3dgan (tensorflow) on 2 rank(s)" in result.stdout
-    reference = train(2, *GAN, "--epochs", "1", "--max-steps", "1", "--out", str(torch_out))
+    reference = train(1, *GAN, "--epochs", "1", "--max-steps", "1", "--out", str(torch_out))
     assert reference.returncode == 0, reference.stderr[-3000:]
     epochs, (torch_record,) = records(tf_out), records(torch_out)
     assert [r["epoch"] for r in epochs] == [0, 1]
@@ -85,40 +93,68 @@ def test_keras_3dgan_two_ranks_writes_the_same_records_as_pytorch(tf_gan_run, tm
     assert ckpts == ["ckpt-E0001-S000000.pt", LAST_CKPT]
 
 
-def test_keras_resume_continues_from_the_checkpoint(tf_gan_run, no_torch, tmp_path):
+# Horovod's TensorFlow ops are built here (else its test is skipped, with the reason)
+HOROVOD = horovod_built("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def tf_gan_resumed(tf_gan_run, no_torch, tmp_path_factory):
     """A copy of the shared 2-epoch run, resumed for a third epoch, torch blocked, from its
-    checkpoint rewritten as an earlier version wrote it (``torch.save`` of NumPy arrays)."""
+    checkpoint rewritten as an earlier version wrote it (``torch.save`` of NumPy arrays);
+    with ``--comm horovod`` where Horovod is built for TensorFlow (the checkpoint holds no
+    comm). Its output folder, the checkpoint resumed from, and the result."""
     import pickle
 
     import torch
 
     shared, first = tf_gan_run
     assert first.returncode == 0, first.stderr[-3000:]
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("tf-gan-resumed") / "run"
     shutil.copytree(shared, out)
     ckpt = out / "checkpoints" / LAST_CKPT
     with open(ckpt, "rb") as handle:
         state = pickle.load(handle)
     torch.save(state, ckpt)
-    again = train(2, *TF_GAN, "--epochs", "3", "--resume", "--out", str(out), env=no_torch)
+    comm = ["--comm", "horovod"] if HOROVOD else []
+    again = train(2, *TF_GAN, *comm, "--epochs", "3", "--resume", "--out", str(out),
+                  env=no_torch)
+    return out, ckpt, again
+
+
+def test_keras_resume_continues_from_the_checkpoint(tf_gan_resumed):
+    out, ckpt, again = tf_gan_resumed
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {ckpt} at epoch 2 step 0" in again.stdout
     assert [r["epoch"] for r in records(out)] == [0, 1, 2]
-    # a PyTorch run refuses the TensorFlow checkpoint
-    wrong = train(2, *GAN, "--epochs", "4", "--max-steps", "1", "--resume", "--out", str(out))
+    # a PyTorch run refuses the TensorFlow checkpoint (on 1 rank: the framework is checked
+    # before the world size)
+    wrong = train(1, *GAN, "--epochs", "4", "--max-steps", "1", "--resume", "--out", str(out))
     assert wrong.returncode == 2 and "written by tensorflow" in wrong.stderr
     assert "hint:" in wrong.stderr
 
 
+@needs_hvd_tf
+def test_comm_horovod_tensorflow_trains_and_keeps_replicas_identical(tf_gan_resumed):
+    """The resumed epoch of the shared run, averaged by horovod.tensorflow, the replicas
+    compared after its step (``--verify-every 1``: a difference fails the run)."""
+    out, _, result = tf_gan_resumed
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = records(out)[-1]
+    assert record["epoch"] == 2 and record["framework"] == "tensorflow"
+    assert record["provenance"]["comm"] == "horovod"
+    assert record["provenance"]["comm_version"] == "horovod 0.28.1"
+    assert record["allreduce"]["calls"] == 4   # D, D, G, G in its step, one grouped call each
+
+
 def test_keras_resnet50_two_ranks_blocking_sync(tmp_path):
     out = tmp_path / "run"
-    result = train(2, "resnet50", "--framework", "tensorflow", "--samples", "8",
+    result = train(2, "resnet50", "--framework", "tensorflow", "--samples", "4",
                    "--batch-size", "2", "--image-size", "32", "--classes", "10",
-                   "--epochs", "1", "--max-steps", "1", "--no-overlap", "--peak-gflops", "50",
-                   "--out", str(out))
+                   "--epochs", "1", "--no-overlap", "--peak-gflops", "50",
+                   "--eval-samples", "0", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     (r,) = records(out)
-    assert r["model"] == "resnet50" and r["framework"] == "tensorflow"
+    assert r["model"] == "resnet50" and r["framework"] == "tensorflow" and r["steps"] == 1
     assert r["allreduce"]["overlap"] is False and r["grad_sync_s"] > 0
     # keras.applications.ResNet50 (conv biases): 23.5 M weights to average at 10 classes
     assert r["allreduce"]["bytes_per_rank"] > 4 * 23_000_000
@@ -138,39 +174,36 @@ def _updates(path: Path) -> np.ndarray:
 KERAS_D_VARIANTS = [(), ("--blocking",)]
 
 
-def _keras_d_job(ranks: int, runs: list[list[str]], folder: Path):
-    """One hpcai-launch job of keras_dp_equivalence.py running every variant of ``runs`` in
-    turn (one TensorFlow import per rank for all of them)."""
-    spec = folder / f"runs-{ranks}.json"
-    spec.write_text(json.dumps(runs))
-    return run(["hpcai-launch", "-N", str(ranks), "--", sys.executable,
-                str(PROGRAMS / "keras_dp_equivalence.py"), "--each", str(spec)],
-               base_env(), timeout=300 + 60 * len(runs))
-
-
 @pytest.fixture(scope="module")
-def keras_d_runs(tmp_path_factory) -> tuple[Path, dict[int, object]]:
-    """The 3 steps of keras_dp_equivalence.py for every variant: the 1-rank references in one
-    job; the 2-rank runs and the control (2 ranks without averaging) in another. The files:
-    ``one-I.npz``, ``two-I.npz`` for variant I, and ``alone.npz``."""
+def keras_d_runs(tmp_path_factory) -> tuple[Path, object]:
+    """The 2 steps of keras_dp_equivalence.py for every variant, in one 2-rank hpcai-launch
+    job (one TensorFlow import per rank for all): the 2-rank runs, the control (2 ranks
+    without averaging), then the 1-rank references, variant I on rank I alone
+    (``--alone-on``, ``MPI.COMM_SELF``). The files: ``one-I.npz``, ``two-I.npz`` for
+    variant I, and ``alone.npz``."""
+    assert len(KERAS_D_VARIANTS) <= 2, "one 1-rank reference per rank of the job"
     folder = tmp_path_factory.mktemp("keras-d")
-    one = [[str(folder / f"one-{i}.npz"), *extra] for i, extra in enumerate(KERAS_D_VARIANTS)]
-    two = [[str(folder / f"two-{i}.npz"), *extra] for i, extra in enumerate(KERAS_D_VARIANTS)]
-    two.append([str(folder / "alone.npz"), "--no-average"])
-    return folder, {1: _keras_d_job(1, one, folder), 2: _keras_d_job(2, two, folder)}
+    runs = [[str(folder / f"two-{i}.npz"), *extra] for i, extra in enumerate(KERAS_D_VARIANTS)]
+    runs.append([str(folder / "alone.npz"), "--no-average"])
+    runs += [[str(folder / f"one-{i}.npz"), *extra, "--alone-on", str(i)]
+             for i, extra in enumerate(KERAS_D_VARIANTS)]
+    spec = folder / "runs.json"
+    spec.write_text(json.dumps(runs))
+    return folder, run(["hpcai-launch", "-N", "2", "--", sys.executable,
+                        str(PROGRAMS / "keras_dp_equivalence.py"), "--each", str(spec)],
+                       base_env(), timeout=300 + 60 * len(runs))
 
 
-def _keras_d_run(keras_d_runs, ranks: int, name: str) -> np.ndarray:
-    folder, jobs = keras_d_runs
-    result = jobs[ranks]
-    assert result.returncode == 0, f"the {ranks}-rank job: {result.stderr[-3000:]}"
+def _keras_d_run(keras_d_runs, name: str) -> np.ndarray:
+    folder, result = keras_d_runs
+    assert result.returncode == 0, f"the job: {result.stderr[-3000:]}"
     return _updates(folder / name)
 
 
 @pytest.mark.parametrize("extra", KERAS_D_VARIANTS)
 def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra,
                                                                             keras_d_runs):
-    """3 SGD steps of the Keras D; compared: the weight updates of all variables together.
+    """2 SGD steps of the Keras D; compared: the weight updates of all variables together.
 
     Tolerance: |update(2 x b) - update(1 x 2b)| <= 1e-2 |update(1 x 2b)|. TensorFlow's CPU
     convolutions sum in an order that depends on the batch size and on how many CPUs the
@@ -181,12 +214,12 @@ def test_keras_discriminator_two_ranks_equal_one_rank_with_twice_the_batch(extra
     """
     i = KERAS_D_VARIANTS.index(extra)
     what = " ".join(extra) or "overlap, channels-last"
-    one = _keras_d_run(keras_d_runs, 1, f"one-{i}.npz")
-    two = _keras_d_run(keras_d_runs, 2, f"two-{i}.npz")
+    one = _keras_d_run(keras_d_runs, f"one-{i}.npz")
+    two = _keras_d_run(keras_d_runs, f"two-{i}.npz")
     rel = np.linalg.norm(two - one) / np.linalg.norm(one)
     assert rel <= 1e-2, f"{what}: updates differ by {rel:.3g} (relative)"
     if not extra:
-        alone = _keras_d_run(keras_d_runs, 2, "alone.npz")
+        alone = _keras_d_run(keras_d_runs, "alone.npz")
         control = np.linalg.norm(alone - one) / np.linalg.norm(one)
         assert control > 0.1, f"{what}: the control should fail the comparison, got {control:.3g}"
 

@@ -1,4 +1,4 @@
-"""Keras discriminator: 3 SGD steps data-parallel, parameters saved (rank 0).
+"""Keras discriminator: 2 SGD steps data-parallel, parameters saved.
 
 The Keras twin of dp_equivalence.py: world W, per-rank batch GLOBAL // W, rank r takes rows
 [r*B, (r+1)*B) of each fixed global batch; gradients (tf.GradientTape) are averaged by
@@ -6,24 +6,27 @@ hpcai's TfGradAllreducer over mpi4py, then SGD steps. With W = 1 this is plain t
 the global batch, so W = 2 must give the same parameters up to rounding.
 
 Dropout off and BatchNorm on its moving statistics (``training=False``): per-rank batch
-statistics and dropout masks are by design not those of the global batch.
+statistics and dropout masks are by design not those of the global batch. The second step
+starts from the first one's averaged update, through the reducer's reused buffers.
 
-float64 throughout: in float32, TensorFlow's CPU convolutions (oneDNN, XLA for
-channels-first) sum in an order that depends on the batch size and on the CPUs the process
-may use, and the conv biases after 3 steps (sums over 25^3 voxels that largely cancel)
-moved by up to 0.7 % from that alone, in one process without MPI. float64 leaves only what
-the engine does.
+float32, as the engine trains: TensorFlow's CPU convolutions sum in an order that depends on
+the batch size and on the CPUs the process may use, so W = 1 and W = 2 agree to a tolerance
+(see the test) rather than to the last bit; TF has no float64 AvgPool3D on the CPU.
 
-Saved: the initial and final variables, so that the test can compare the updates.
-``--no-average`` skips the allreduce (each rank steps on its own half batch): the control that
-shows the comparison can fail.
+Saved (by the variant's rank 0): the initial and final variables, so that the test can
+compare the updates. ``--no-average`` skips the allreduce (each rank steps on its own half
+batch): the control that shows the comparison can fail. ``--alone-on R``: only world rank R
+runs the variant, on ``MPI.COMM_SELF`` (W = 1, the whole global batch), as a 1-rank job
+would; the other ranks skip it.
 
 ``--each RUNS.json`` runs several such variants one after the other in this one MPI job (one
 TensorFlow import and MPI start-up for all): RUNS.json is a list of argument lists, each
 ``[OUT.npz, flags...]``. Each variant starts from a cleared Keras session and the same seeds,
-as a process of its own would.
+as a process of its own would. Consecutive ``--alone-on`` variants for different ranks run
+at the same time.
 
 usage: keras_dp_equivalence.py OUT.npz [--blocking] [--channels-first] [--no-average]
+                               [--alone-on R]
        keras_dp_equivalence.py --each RUNS.json
 """
 
@@ -44,13 +47,18 @@ from hpcai.training.keras_tasks import _bce, _mape  # noqa: E402
 from hpcai.training.tf_allreduce import TfGradAllreducer  # noqa: E402
 
 GLOBAL = 2
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
+STEPS = 2
 
 
 def variant(argv: list[str]) -> None:
-    """3 steps of one variant (``OUT.npz [flags...]``); rank 0 saves the variables."""
+    """STEPS steps of one variant (``OUT.npz [flags...]``); its rank 0 saves the variables."""
     out = argv[0]
+    comm = MPI.COMM_WORLD
+    if "--alone-on" in argv:
+        if comm.Get_rank() != int(argv[argv.index("--alone-on") + 1]):
+            return
+        comm = MPI.COMM_SELF
+    rank, world = comm.Get_rank(), comm.Get_size()
     df = "channels_first" if "--channels-first" in argv else "channels_last"
     keras.backend.clear_session()   # layer names (the saved keys) as in a fresh process
     keras.utils.set_random_seed(1)
@@ -61,7 +69,7 @@ def variant(argv: list[str]) -> None:
     data = np.random.default_rng(42)
     b = GLOBAL // world
     initial = {v.path.replace("/", "."): v.numpy() for v in D.trainable_variables}
-    for _ in range(3):
+    for _ in range(STEPS):
         x = (data.random((GLOBAL, *gk.image_shape(df))) * 0.01).astype(np.float32)
         e = (data.random((GLOBAL, 1)) * 4.9 + 0.1).astype(np.float32)
         x, e = x[rank * b:(rank + 1) * b], e[rank * b:(rank + 1) * b]
