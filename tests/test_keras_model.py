@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+# Keras (with TensorFlow, about 7 CPU-s) is imported by the fixture below when this file's
+# tests run, not when pytest collects it: each pytest-xdist worker collects every file.
+keras = gk = None
 
-from hpcai.models import gan3d_keras as gk  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def _keras():
+    global keras, gk
+    import keras as imported
+    from hpcai.models import gan3d_keras
+    keras, gk = imported, gan3d_keras
 
 FORMATS = ("channels_last", "channels_first")
 

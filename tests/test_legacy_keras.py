@@ -4,12 +4,15 @@ imports ``keras`` (Keras 3) and must get Keras 3 either way."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-import tf_keras  # noqa: F401  (scripts/install.sh installs it, --no-deps)
+# scripts/install.sh installs it (--no-deps); found, not imported (TensorFlow is ~7 CPU-s
+# for each pytest-xdist worker that collects this file)
+assert importlib.util.find_spec("tf_keras"), "tf_keras is not installed"
 
 PROBE = ("import json, keras, tensorflow as tf; "
          "print(json.dumps([keras.__version__, tf.keras.__name__]))")
