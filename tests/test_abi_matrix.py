@@ -105,7 +105,7 @@ def test_abi_matrix_mpi4py_wheel_runs_on_host(spec, image, tmp_path):
     if spec in WHEELS:
         _probe(base, env, tmp_path, soname)
     train = run([*base, "train", "3dgan", "--generate", "8", "--epochs", "1", "--batch-size",
-                 "2", "--max-steps", "1", "--out", "run", "--peak-gflops", "50",
+                 "1", "--max-steps", "1", "--out", "run", "--peak-gflops", "50",
                  "--eval-samples", "0", "--validate-events", "0"], env,
                 cwd=tmp_path, timeout=300)
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
@@ -206,7 +206,7 @@ def test_abi_matrix_standard_abi_mpi4py_on_mpich5(mpiabi_image, tmp_path):
             "--container", str(mpiabi_image), "--"]
     _probe(base, env, tmp_path, "libmpi_abi.so.1")
     train = run([*base, "train", "3dgan", "--generate", "8", "--epochs", "1", "--batch-size",
-                 "2", "--max-steps", "1", "--out", "run", "--peak-gflops", "50",
+                 "1", "--max-steps", "1", "--out", "run", "--peak-gflops", "50",
                  "--eval-samples", "0", "--validate-events", "0"], env,
                 cwd=tmp_path, timeout=300)
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]

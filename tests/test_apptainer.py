@@ -210,7 +210,7 @@ def _site(tmp_path: Path, work_mode: str) -> Path:
 # The GEMM probe, the evaluation and the physics validation are not what these tests check
 # (tests/test_training.py, tests/test_physics.py): skipped, as --peak-gflops 50,
 # --eval-samples 0 and --validate-events 0 say.
-TRAIN = ["train", "3dgan", "--generate", "64", "--epochs", "1", "--batch-size", "4",
+TRAIN = ["train", "3dgan", "--generate", "16", "--epochs", "1", "--batch-size", "1",
          "--max-steps", "2", "--peak-gflops", "50", "--eval-samples", "0",
          "--validate-events", "0", "--out", "/hppfs/work/run1"]
 

@@ -39,7 +39,7 @@ from test_image import pytestmark as IMAGE_MARKS
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden"
 HOST_LIB = "/opt/hpcai/host/lib"
-TRAIN = ["train", "3dgan", "--generate", "64", "--epochs", "1", "--batch-size", "2",
+TRAIN = ["train", "3dgan", "--generate", "16", "--epochs", "1", "--batch-size", "1",
          "--max-steps", "2", "--peak-gflops", "50", "--eval-samples", "0",
          "--validate-events", "0", "--out", "run1"]   # no physics validation: not checked here
 

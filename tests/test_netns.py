@@ -34,7 +34,7 @@ from test_image import pytestmark as IMAGE_MARKS
 
 PROGRAMS = Path(__file__).parent / "programs"
 # the physics validation and its plots are not what these tests read (test_physics.py)
-TRAIN = ["train", "3dgan", "--generate", "64", "--epochs", "1", "--batch-size", "2",
+TRAIN = ["train", "3dgan", "--generate", "16", "--epochs", "1", "--batch-size", "1",
          "--max-steps", "2", "--peak-gflops", "50", "--eval-samples", "0",
          "--validate-events", "0", "--out", "run"]
 

@@ -223,7 +223,7 @@ def test_a_run_with_two_draws_judges_twice_the_generated_showers_of_the_same_eve
     one-draw run of the same seed: same real side, other generated numbers."""
     from jobs import train
 
-    args = ["3dgan", "--generate", "24", "--batch-size", "2", "--max-steps", "2",
+    args = ["3dgan", "--generate", "8", "--batch-size", "1", "--max-steps", "2",
             "--validate-every", "1", "--validate-events", "8", "--eval-samples", "0",
             "--peak-gflops", "50", "--cell-scale", "100", "--epochs", "1",
             "--generator-ema", "0.5"]

@@ -186,12 +186,12 @@ def test_sigterm_to_a_bare_training_run_checkpoints_within_the_epoch(target, tmp
     """The trainer's side: ``hpcai-launch -N 2 -- train 3dgan`` under Open MPI, SIGTERM to
     hpcai-launch mid-epoch: the ranks say they were preempted (by SIGUSR1) and write a
     checkpoint within the epoch. The control sends SIGTERM to the mpirun under it: no
-    checkpoint, no preemption. One step of 2 x 8 events an epoch: the signal goes at epoch
-    0's end, and the ranks next look for it after that end's validation and a batch-8 step."""
+    checkpoint, no preemption. One step of 2 x 2 events an epoch: the signal goes at epoch
+    0's end, and the ranks next look for it after that end's validation and a batch-2 step."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        ["hpcai-launch", "-N", "2", "--", "train", "3dgan", "--generate", "16", "--epochs",
-         "20", "--batch-size", "8", "--validate-events", "8", "--eval-samples", "0",
+        ["hpcai-launch", "-N", "2", "--", "train", "3dgan", "--generate", "4", "--epochs",
+         "20", "--batch-size", "2", "--validate-events", "4", "--eval-samples", "0",
          "--peak-gflops", "50", "--out", str(out)], env=base_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:

@@ -14,7 +14,7 @@ import pytest
 from test_slurm import _cluster, fake_nodes, pytestmark, run  # noqa: F401 - fixture, marks
 
 # the physics validation and its plots are not what these tests read (test_physics.py)
-TINY_GAN = ["train", "3dgan", "--epochs", "2", "--batch-size", "2", "--max-steps", "2",
+TINY_GAN = ["train", "3dgan", "--epochs", "2", "--batch-size", "1", "--max-steps", "2",
             "--eval-samples", "0", "--validate-events", "0", "--peak-gflops", "50"]
 
 
