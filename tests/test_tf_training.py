@@ -179,13 +179,13 @@ def keras_d_runs(tmp_path_factory) -> tuple[Path, object]:
     """The 2 steps of keras_dp_equivalence.py for every variant, in one 2-rank hpcai-launch
     job (one TensorFlow import per rank for all): the 2-rank runs, the control (2 ranks
     without averaging), then the 1-rank references, variant I on rank I alone
-    (``--alone-on``, ``MPI.COMM_SELF``). The files: ``one-I.npz``, ``two-I.npz`` for
+    (``--alone``, ``MPI.COMM_SELF``). The files: ``one-I.npz``, ``two-I.npz`` for
     variant I, and ``alone.npz``."""
     assert len(KERAS_D_VARIANTS) <= 2, "one 1-rank reference per rank of the job"
     folder = tmp_path_factory.mktemp("keras-d")
     runs = [[str(folder / f"two-{i}.npz"), *extra] for i, extra in enumerate(KERAS_D_VARIANTS)]
     runs.append([str(folder / "alone.npz"), "--no-average"])
-    runs += [[str(folder / f"one-{i}.npz"), *extra, "--alone-on", str(i)]
+    runs += [[str(folder / f"one-{i}.npz"), *extra, "--alone", str(i)]
              for i, extra in enumerate(KERAS_D_VARIANTS)]
     spec = folder / "runs.json"
     spec.write_text(json.dumps(runs))

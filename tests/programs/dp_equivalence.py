@@ -26,11 +26,8 @@ in full fp32 (TF32 off).
 family's); ``--loss-divided`` runs backward through ``GradAllreducer.backward`` (the loss
 divided by the world size instead of the gradients).
 
-``--alone R`` runs the variant on rank R alone (``MPI.COMM_SELF``: a world of 1, which R
-saves) while the other ranks skip it: the 1-rank reference computed inside a job of W ranks.
-Consecutive ``--alone`` variants of ``--each`` run at the same time on their ranks, which
-then meet in ``training.waits.idle_barrier`` (asleep, not polling a core, while the others
-finish) before the next variant that uses every rank.
+``--alone R`` runs the variant on rank R alone (``MPI.COMM_SELF``, which R saves) while the
+other ranks skip it (``variants.py``, shared with keras_dp_equivalence.py).
 
 ``--each RUNS.json`` runs several such variants one after the other in this one MPI job
 (the suite's way of paying for one start-up instead of one per variant): RUNS.json is a list
@@ -48,18 +45,17 @@ usage: dp_equivalence.py MODEL OUT.npz [--blocking] [--no-average] [--device cud
        MODEL: mlp | gan-d | gan-g
 """
 
-import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from hpcai.models import gan3d
 from hpcai.models.gan3d_spec import LATENT, weighted_loss
 from hpcai.training.allreduce import GradAllreducer, MpiTransport
 from hpcai.training.torch_trainer import broadcast_state, rank_device
-from hpcai.training.waits import idle_barrier
+from variants import run_each, variant_comm
 
 LR = {"mlp": 0.01, "gan-d": 1e-3, "gan-g": 1e-6}
 MOMENTUM = 0.9
@@ -105,11 +101,9 @@ class MomentumSGD:
 def variant(argv: list[str]) -> None:
     """3 steps of one variant (``MODEL OUT.npz [flags...]``); rank 0 of the variant's
     communicator saves the parameters."""
-    comm = MPI.COMM_WORLD
-    if "--alone" in argv:
-        if comm.Get_rank() != int(argv[argv.index("--alone") + 1]):
-            return
-        comm = MPI.COMM_SELF
+    comm = variant_comm(argv)
+    if comm is None:
+        return
     rank, world = comm.Get_rank(), comm.Get_size()
     model_name, out = argv[0], argv[1]
     overlap = "--blocking" not in argv
@@ -189,13 +183,6 @@ def variant(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--each":
-        alone = False
-        for argv in json.loads(open(sys.argv[2]).read()):
-            if alone and "--alone" not in argv:
-                idle_barrier(MPI.COMM_WORLD)
-            alone = "--alone" in argv
-            variant(argv)
-        if alone:
-            idle_barrier(MPI.COMM_WORLD)
+        run_each(Path(sys.argv[2]), variant)
     else:
         variant(sys.argv[1:])

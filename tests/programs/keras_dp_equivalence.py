@@ -15,36 +15,36 @@ the batch size and on the CPUs the process may use, so W = 1 and W = 2 agree to 
 
 Saved (by the variant's rank 0): the initial and final variables, so that the test can
 compare the updates. ``--no-average`` skips the allreduce (each rank steps on its own half
-batch): the control that shows the comparison can fail. ``--alone-on R``: only world rank R
+batch): the control that shows the comparison can fail. ``--alone R``: only world rank R
 runs the variant, on ``MPI.COMM_SELF`` (W = 1, the whole global batch), as a 1-rank job
-would; the other ranks skip it.
+would; the other ranks skip it (``variants.py``, shared with dp_equivalence.py).
 
 ``--each RUNS.json`` runs several such variants one after the other in this one MPI job (one
 TensorFlow import and MPI start-up for all): RUNS.json is a list of argument lists, each
 ``[OUT.npz, flags...]``. Each variant starts from a cleared Keras session and the same seeds,
-as a process of its own would. Consecutive ``--alone-on`` variants for different ranks run
+as a process of its own would. Consecutive ``--alone`` variants for different ranks run
 at the same time.
 
 usage: keras_dp_equivalence.py OUT.npz [--blocking] [--channels-first] [--no-average]
-                               [--alone-on R]
+                               [--alone R]
        keras_dp_equivalence.py --each RUNS.json
 """
 
-import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 from hpcai.models import gan3d_keras as gk  # noqa: E402
 from hpcai.models.gan3d_spec import weighted_loss  # noqa: E402
 from hpcai.training.keras_tasks import _bce, _mape  # noqa: E402
 from hpcai.training.tf_allreduce import TfGradAllreducer  # noqa: E402
+from variants import run_each, variant_comm  # noqa: E402
 
 GLOBAL = 2
 STEPS = 2
@@ -53,11 +53,9 @@ STEPS = 2
 def variant(argv: list[str]) -> None:
     """STEPS steps of one variant (``OUT.npz [flags...]``); its rank 0 saves the variables."""
     out = argv[0]
-    comm = MPI.COMM_WORLD
-    if "--alone-on" in argv:
-        if comm.Get_rank() != int(argv[argv.index("--alone-on") + 1]):
-            return
-        comm = MPI.COMM_SELF
+    comm = variant_comm(argv)
+    if comm is None:
+        return
     rank, world = comm.Get_rank(), comm.Get_size()
     df = "channels_first" if "--channels-first" in argv else "channels_last"
     keras.backend.clear_session()   # layer names (the saved keys) as in a fresh process
@@ -89,7 +87,6 @@ def variant(argv: list[str]) -> None:
 
 
 if sys.argv[1] == "--each":
-    for argv in json.loads(open(sys.argv[2]).read()):
-        variant(argv)
+    run_each(Path(sys.argv[2]), variant)
 else:
     variant(sys.argv[1:])
