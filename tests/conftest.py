@@ -21,8 +21,8 @@ if _TESTBED not in sys.path:
     sys.path.insert(0, _TESTBED)
 
 from fast_tier import mark_fast_tier  # noqa: E402
-from rigenv import (IMPI_ROOT, LOOPBACK, REPO, SHARED_CORES,  # noqa: E402,F401
-                    VENV_BIN, base_env, run)
+from rigenv import (IMPI_ROOT, KEEP_FREED_MEMORY, LOOPBACK, REPO,  # noqa: E402,F401
+                    SHARED_CORES, VENV_BIN, base_env, run)
 from suite_order import longest_first  # noqa: E402
 from suite_rules import (pytest_make_collect_report, pytest_runtest_makereport,  # noqa: E402,F401
                          pytest_sessionstart)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dp_updates
-from conftest import SHARED_CORES, base_env, run
+from conftest import KEEP_FREED_MEMORY, SHARED_CORES, base_env, run
 from dp_updates import TOL
 
 pytestmark = pytest.mark.mpi
@@ -30,12 +30,6 @@ REFERENCE_RANK = {"mlp": 1, "gan-d": 1, "gan-g": 0}
 # The 2-rank runs of streamed_allreduce.py on Open MPI, by test id.
 STREAMED = {"openmpi-0.3MiB": ["--call-mb", "0.3"], "openmpi-measured": [],
             "no-synchronize (control)": ["--call-mb", "0.3", "--no-sync"]}
-
-
-# glibc's malloc keeping freed memory instead of returning it to the kernel: the float64
-# generator's large temporaries are then not page-faulted in again at every step (34 of
-# the shared job's 80 CPU-s were kernel time without it). Numerics are unchanged.
-KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 
 
 def one_job(mpi: str, parts: list[list[str]], folder: Path, timeout: float = 600):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import base_env, run
+from conftest import KEEP_FREED_MEMORY, base_env, run
 from hpcai.core.errors import UserError
 from hpcai.models import gan3d
 from hpcai.training import config, tasks
@@ -26,8 +26,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 # not have: twice the CPU time for the 3DGAN step), with glibc's malloc keeping freed
 # memory rather than page-faulting the 3DGAN's temporaries in again at every step. What
 # the tests read (records, structure) does not depend on either.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 32),
-              "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", **KEEP_FREED_MEMORY}
 
 
 @pytest.fixture
