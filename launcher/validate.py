@@ -367,10 +367,15 @@ def check_world(run: Launch, want: Expectation) -> list[str]:
             who = ", ".join(f"PID {r.pid} on {r.host}" for r in same)
             problems.append(f"rank {rank} reported by {len(same)} processes ({who})")
     sizes = {r.size for r in records}
-    if sizes == {1} and len(records) > 1:
-        problems.append(f"singleton world: {len(records)} processes each are rank 0 of 1 "
-                        "(the ranks' MPI found no PMI it speaks: check the launcher, its "
-                        "PMI and the MPI the ranks load)")
+    planned = want.world or len(records)
+    if sizes == {1} and planned > 1:
+        who = (f"{len(records)} processes each are" if len(records) > 1
+               else "the one process that reported is")
+        problems.append(f"singleton world: {who} rank 0 of 1 (the ranks' MPI found no PMI it "
+                        "speaks: check the launcher, its PMI and the MPI the ranks load)")
+        if len(records) < planned:
+            problems.append(f"{planned - len(records)} of {planned} planned process(es) did "
+                            f"not report; {run.failure()}")
     else:
         size = want.world or max(sizes)
         for r in sorted(records, key=lambda r: r.rank):
@@ -379,7 +384,8 @@ def check_world(run: Launch, want: Expectation) -> list[str]:
                                 f"the plan has {size}")
         missing = sorted(set(range(size)) - set(seen))
         if missing:
-            problems.append(f"rank(s) {format_cpulist(missing)} of {size} did not report")
+            problems.append(f"rank(s) {format_cpulist(missing)} of {size} did not report; "
+                            f"{run.failure()}")
     problems += [f"rank {r.rank} on {r.host}: the allreduce over the world gave a wrong sum"
                  for r in records if not r.allreduce_ok and r.size > 1]
     return problems

@@ -247,7 +247,16 @@ def test_world_checks():
     assert any(p.startswith("singleton world: 2 processes") for p in singletons), singletons
     short = check_world(_launch(_record(0)), WANT)
     assert "1 probe record(s) for a planned world of 2" in short
-    assert "rank(s) 1 of 2 did not report" in short
+    assert "rank(s) 1 of 2 did not report; the container probe exited 0: no output" in short
+    # one of two singletons ended before reporting: still named as a singleton world
+    lone = Launch("container", 1, "ORTE_ERROR_LOG: Error in file ess_singleton_module.c\n",
+                  (_record(0, 1),))
+    assert check_world(lone, WANT) == [
+        "1 probe record(s) for a planned world of 2",
+        "singleton world: the one process that reported is rank 0 of 1 (the ranks' MPI found "
+        "no PMI it speaks: check the launcher, its PMI and the MPI the ranks load)",
+        "1 of 2 planned process(es) did not report; the container probe exited 1: "
+        "ORTE_ERROR_LOG: Error in file ess_singleton_module.c"]
     big = check_world(_launch(_record(0, 3), _record(1, 3), _record(2, 3)), WANT)
     assert "3 probe record(s) for a planned world of 2" in big
     assert "rank 0 on n1 sees a world of 3, the plan has 2" in big
