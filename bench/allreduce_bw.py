@@ -4,22 +4,24 @@ The payload is a real model's gradient set (ResNet50: 161 tensors, 102 MB; 3DGAN
 tensors, 3.8 MB). "fused" is the engine's ``GradAllreducer`` with its defaults (4 MiB
 buckets in one arena, overlap, the progress strategy of the loaded MPI family,
 ``allreduce.PROGRESS``, and its largest call, ``allreduce.CHUNK_BYTES``; ``--progress`` and
-``--bucket-mb`` override them); "fused blocking" is the same with
-``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in ``synchronize``). A fused
-trial is one step's exchange without the compute: ``replay_backward()`` calls every
-parameter's backward hook in bucket order, as a backward whose loss
-``GradAllreducer.backward`` divided by the world size would, then ``synchronize()``; the
-engine's first steps, which try its call sizes, run before the warm-up round. "raw" is
-one float32 buffer of the same bytes, reduced by one ``MPI_Allreduce`` of the whole buffer or
-by consecutive ``MPI_Allreduce`` calls of ``chunk`` bytes (``--chunks``); the best of those
-settings (by median) is the baseline. Trials alternate (A B B A ...), the first round is
-warm-up. Row: raw time ÷ fused time = fused bandwidth ÷ raw bandwidth (target >= 0.95).
-Each fused side has its own copy of the model (a gradient is a view into one reducer's
-bucket). Diagnostic sides, never baselines, say where a gap goes: the fused step with the
-gradients divided in the hooks (a loss not divided, the plain ``loss.backward()``); a
-division pass over the arena alone; raw ``MPI_Iallreduce`` of 4 MB chunks, all started, then
-one ``Waitall``; and ``MPI_Allreduce`` of the engine's bucket sizes in separate
-``torch.zeros`` buffers (no huge pages). Each row's note gives their medians.
+``--bucket-mb`` override them; the ranks have the environment ``train`` gives the engine,
+``allreduce.THREAD_ENV``, as do the raw sides in the same processes); "fused blocking" is
+the same with ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in
+``synchronize``). A fused trial is one step's exchange without the compute:
+``replay_backward()`` calls every parameter's backward hook in bucket order, as a backward
+whose loss ``GradAllreducer.backward`` divided by the world size would, then
+``synchronize()``; the engine's first steps, which try its call sizes, run before the
+warm-up round. "raw" is one float32 buffer of the same bytes, reduced by one
+``MPI_Allreduce`` of the whole buffer or by consecutive ``MPI_Allreduce`` calls of ``chunk``
+bytes (``--chunks``); the best of those settings (by median) is the baseline. Trials
+alternate (A B B A ...), the first round is warm-up. Row: raw time ÷ fused time = fused
+bandwidth ÷ raw bandwidth (target >= 0.95). Each fused side has its own copy of the model (a
+gradient is a view into one reducer's bucket). Diagnostic sides, never baselines, say where
+a gap goes: the fused step with the gradients divided in the hooks (a loss not divided, the
+plain ``loss.backward()``); a division pass over the arena alone; raw ``MPI_Iallreduce`` of
+4 MB chunks, all started, then one ``Waitall``; and ``MPI_Allreduce`` of the engine's bucket
+sizes in separate ``torch.zeros`` buffers (no huge pages). Each row's note gives their
+medians.
 
 Each launch is a fresh 2-rank job of ``--trials`` trials per side. Launches go on until
 every row's 95 % interval lies on one side of the target, at least ``--runs`` and at most
@@ -59,10 +61,12 @@ DIAG_PYTHON_RAW = "diag: that work, then the best raw setting's calls"
 def _as_rank(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
-    from mpi4py import MPI
 
     from hpcai.models import gan3d, resnet
-    from hpcai.training.allreduce import GradAllreducer, MpiTransport
+    from hpcai.training.allreduce import GradAllreducer, MpiTransport, set_thread_env
+
+    set_thread_env()   # the environment train gives the engine, before MPI starts
+    from mpi4py import MPI
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
