@@ -3,12 +3,16 @@ and the 3DGAN (real sizes), PyTorch, from real ``hpcai-launch ... -- train MODEL
 
 Each trial is one run of 2 epochs x ``--steps`` steps (batch 8 per rank, the engine's
 defaults: channels-last, overlap); its numbers come from the second epoch's record (the
-first carries warm-up). Two sides alternate (A B B A ...): 1 rank x 1 thread and 2 ranks x
-1 thread. Rows:
+first carries warm-up). Three sides alternate (A B C C B A ...): 1 rank x 1 thread, 2 ranks
+x 1 thread, and two 1-rank runs at once, each held to its own core with ``taskset``, which
+exchange nothing. Rows:
 
 - achieved GFLOP/s per rank ÷ the GEMM peak that rank measured in the same run (``torch.mm``
   probe, 1 thread), 1 rank x 1 thread: ResNet50 >= 0.8, 3DGAN >= 0.6;
-- per-rank samples/s, 2 ranks x 1 thread ÷ 1 rank x 1 thread (target >= 0.95).
+- per-rank samples/s, 2 ranks x 1 thread ÷ 1 rank x 1 thread (target >= 0.95);
+- reported, no target: per-rank samples/s of the two runs at once ÷ 1 rank (what sharing
+  the machine leaves, the weak-scaling row's ceiling here), and 2 ranks ÷ the two runs at
+  once (what the exchange costs beyond that).
 
 Achieved FLOP are nominal: FlopCounterMode counts a convolution as the direct algorithm
 would. Before the trials the bench measures three kernels on 1 thread (``kernel_rates``):
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,31 +40,72 @@ PEAK_TARGET = {"resnet50": 0.8, "3dgan": 0.6}
 WEAK_TARGET = 0.95
 
 
-def run_config(model: str, ranks: int, steps: int, workdir: Path, log: list) -> dict:
-    """One ``train`` run of ``ranks`` x 1 thread; returns the second epoch's numbers."""
-    out = workdir / f"{model}-{ranks}-{len(log)}"
+def _argv(model: str, ranks: int, steps: int, out: Path, workdir: Path) -> list[str]:
     argv = ["hpcai-launch", "-N", str(ranks), "--threads-per-rank", "1", "--",
             "train", model, "--epochs", "2", "--max-steps", str(steps),
             "--batch-size", str(BATCH[model]), "--out", str(out), "--eval-samples", "0",
             "--verify-every", "0"]
-    argv += (["--data", str(gan_data(workdir))] if model == "3dgan" else ["--samples", "512"])
-    result = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
-                            timeout=1800)
+    return argv + (["--data", str(gan_data(workdir))] if model == "3dgan"
+                   else ["--samples", "512"])
+
+
+def _summary(model: str, ranks: int, out: Path) -> dict:
+    """The second epoch's numbers of the run that wrote ``out``."""
+    record = json.loads((out / "epochs.jsonl").read_text().splitlines()[-1])
+    return {"model": model, "ranks": ranks, "threads": 1,
+            "samples_per_s_per_rank": record["samples_per_s_per_rank"],
+            "gflops_per_rank": record["gflops_per_rank"],
+            "peak_gflops_per_rank": record["peak"]["gflops_per_rank"],
+            "peak_source": record["peak"].get("source"),
+            "step_s": record["epoch_time_s"] / record["steps"],
+            **{f"{part}_s_per_step": record[f"{part}_s"] / record["steps"]
+               for part in ("compute", "grad_sync", "data")}}
+
+
+def _checked(argv: list[str], result: subprocess.CompletedProcess) -> None:
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stderr[-3000:]}")
-    record = json.loads((out / "epochs.jsonl").read_text().splitlines()[-1])
-    summary = {"model": model, "ranks": ranks, "threads": 1,
-               "samples_per_s_per_rank": record["samples_per_s_per_rank"],
-               "gflops_per_rank": record["gflops_per_rank"],
-               "peak_gflops_per_rank": record["peak"]["gflops_per_rank"],
-               "peak_source": record["peak"].get("source"),
-               "step_s": record["epoch_time_s"] / record["steps"],
-               **{f"{part}_s_per_step": record[f"{part}_s"] / record["steps"]
-                  for part in ("compute", "grad_sync", "data")}}
+
+
+def run_config(model: str, ranks: int, steps: int, workdir: Path, log: list) -> dict:
+    """One ``train`` run of ``ranks`` x 1 thread; returns the second epoch's numbers."""
+    out = workdir / f"{model}-{ranks}-{len(log)}"
+    argv = _argv(model, ranks, steps, out, workdir)
+    _checked(argv, subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
+                                  timeout=1800))
+    summary = _summary(model, ranks, out)
     log.append(summary)
     print(f"  {model:9s} {ranks}x1: {summary['samples_per_s_per_rank']:.2f} samples/s/rank, "
           f"{summary['gflops_per_rank']:.1f} of {summary['peak_gflops_per_rank']:.1f} "
           "GFLOP/s", flush=True)
+    return summary
+
+
+def run_pair(model: str, steps: int, workdir: Path, log: list) -> dict:
+    """Two 1-rank ``train`` runs at once, each held to its own core (``taskset``; the
+    launcher places its rank on the CPUs it is allowed), with nothing exchanged between them:
+    what sharing the machine alone leaves of the 1-rank speed. Returns their mean per-rank
+    numbers."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    runs = []
+    for cpu in cpus:
+        out = workdir / f"{model}-pair{cpu}-{len(log)}"
+        argv = ["taskset", "-c", str(cpu), *_argv(model, 1, steps, out, workdir)]
+        runs.append((argv, out, subprocess.Popen(argv, env=loopback_env(), text=True,
+                                                 stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE)))
+    summaries = []
+    for argv, out, proc in runs:
+        stdout, stderr = proc.communicate(timeout=1800)
+        _checked(argv, subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr))
+        summaries.append(_summary(model, 1, out))
+    summary = {key: (sum(s[key] for s in summaries) / len(summaries)
+                     if isinstance(summaries[0][key], float) else summaries[0][key])
+               for key in summaries[0]}
+    summary["ranks"], summary["pair"] = 2, True
+    log.append(summary)
+    print(f"  {model:9s} 2x(1x1) at once: {summary['samples_per_s_per_rank']:.2f} "
+          "samples/s/rank", flush=True)
     return summary
 
 
@@ -112,10 +158,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for model in args.models.split(","):
-            t = run_alternating(
-                {r: (lambda r=r, m=model: run_config(m, r, args.steps, work, log))
-                 for r in (1, 2)}, args.trials, warmup=0)
-            one, two = t[1], t[2]
+            sides = {r: (lambda r=r, m=model: run_config(m, r, args.steps, work, log))
+                     for r in (1, 2)}
+            sides["pair"] = lambda m=model: run_pair(m, args.steps, work, log)
+            t = run_alternating(sides, args.trials, warmup=0)
+            one, two, pair = t[1], t[2], t["pair"]
+            per_rank = {side: [r["samples_per_s_per_rank"] for r in t[side]] for side in t}
             rows += [
                 Row.measured(f"flops-{model}", f"{model} achieved GFLOP/s ÷ measured GEMM "
                              "peak, 1 rank × 1 thread", ">=", PEAK_TARGET[model],
@@ -133,6 +181,18 @@ def main() -> int:
                                  f"{part} {_median([r[part + '_s_per_step'] for r in one]):.3f}"
                                  f" → {_median([r[part + '_s_per_step'] for r in two]):.3f}"
                                  for part in ("compute", "grad_sync", "data"))),
+                Row.report(f"pair-{model}", f"{model} per-rank samples/s, two 1-rank runs at "
+                           "once (one core each, no exchange) ÷ 1 rank × 1 thread",
+                           per_rank["pair"], per_rank[1],
+                           note="the ceiling of the weak-scaling row on this machine: what "
+                           "two processes sharing it leave of one alone; median compute s per "
+                           "step, 1 rank → two at once → 2 ranks: " + " → ".join(
+                               f"{_median([r['compute_s_per_step'] for r in t[side]]):.3f}"
+                               for side in (1, "pair", 2))),
+                Row.report(f"exchange-{model}", f"{model} per-rank samples/s, 2 ranks × 1 "
+                           "thread ÷ two 1-rank runs at once", per_rank[2], per_rank["pair"],
+                           note="what the 2-rank job loses beyond sharing the machine: the "
+                           "gradient exchange and the ranks waiting for each other"),
             ]
     print_rows(rows)
     path = write_result("training", info, rows, {"runs": log, "kernel_gflops": kernels},

@@ -275,10 +275,11 @@ class _ThreadedRecorder(_Recorder):
 
 
 def test_thread_progress_calls_off_the_main_thread_and_synchronize_waits_for_them():
-    """``thread`` progress: the calls that backward completes are made on the reducer's
-    communication thread, and synchronize() returns only once all are made: they tile the
-    arena exactly once, each covering complete buckets, and every gradient is this rank's
-    share. A call that raises on that thread fails synchronize() on the main thread, and the
+    """``thread`` progress: the calls that backward completes before its last bucket are made
+    on the reducer's communication thread; the last bucket's hook waits for them and makes
+    the rest on the main thread (nothing is left to overlap them with). Together they tile
+    the arena exactly once, each covering complete buckets, and every gradient is this rank's
+    share. A call that raises on that thread fails the step on the main thread, and the
     next step is whole again. The control: a transport that does not allow a second thread
     (MPI below MPI_THREAD_SERIALIZED) gets ``hook`` progress, and every call is made on the
     main thread."""
@@ -307,7 +308,12 @@ def test_thread_progress_calls_off_the_main_thread_and_synchronize_waits_for_the
     offsets = step()
     assert offsets == list(range(0, stream.flat.numel(), stream.chunk))
     assert all(ok for _, _, ok in rec.calls)
-    assert len(set(rec.threads_of)) == 1 and main not in rec.threads_of
+    # the thread's calls: every complete chunk before the last bucket's end
+    handed = len(range(0, reducer.buckets[-2].end // stream.chunk * stream.chunk,
+                       stream.chunk))
+    assert 0 < handed < len(offsets)
+    assert main not in rec.threads_of[:handed] and len(set(rec.threads_of[:handed])) == 1
+    assert set(rec.threads_of[handed:]) == {main}
     rec.fail_at = 1
     with pytest.raises(RuntimeError, match="the transport failed"):
         step()

@@ -384,7 +384,8 @@ def mpi_family() -> str:
 # How each MPI family progresses a bucket's reduction: "hook" issues blocking MPI_Allreduce
 # calls from the backward hook that completes enough of the arena (in bursts, BURSTS);
 # "thread" hands the same calls to one communication thread (_CommThread) as soon as they
-# are complete, so backward goes on while they run, and synchronize() waits for what is left;
+# are complete, so backward goes on while they run; the last bucket's hook waits for the
+# thread and makes the remaining calls itself (nothing is left to overlap them with);
 # "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
 # hook and waits in synchronize(). Chosen by bench/progress_modes.py (2 ranks x 1 core,
 # ResNet50 at 112 px, batch 8, with THREAD_ENV set; 4 jobs per MPI, bench/results/
@@ -647,9 +648,13 @@ class GradAllreducer:
                 return   # too little for a burst yet: each starts with a wait for the slower rank
             end = sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
-            if self._thread is not None and not final:
+            if self._thread is not None and not final and stream.done < len(buckets):
                 self._thread.submit(lambda: self._call(stream, sent, end, chunk))
-            else:   # synchronize's calls (after the thread's): the main thread makes them
+            else:   # synchronize's calls, and the last bucket's (nothing is left to overlap
+                # them with): the main thread makes them, after the thread's, without a
+                # hand-over
+                if self._thread is not None:
+                    self._drain()
                 self._call(stream, sent, end, chunk)
             self.stats.allreduces += -(-(end - sent) // chunk)
             self.stats.bytes += (end - sent) * stream.flat.element_size()
