@@ -92,7 +92,8 @@ def test_negative_control_fails_naming_its_cause(control, image, tmp_path_factor
     result = _scenario(control, image, tmp_path_factory)
     assert result.code == 1, f"{control}: exit {result.code}\n{result.stdout}{result.stderr}"
     assert result.report["verdict"] == "FAIL" and not result.report["valid"]
-    assert result.cause_named(), f"{control}: cause not named\n{result.stdout}"
+    assert result.cause_named(), \
+        f"{control}: cause not named\n{result.stdout}{_per_trial(result.report)}"
     assert "verdict: FAIL (exit 1)" in result.stdout
     if control == "tcp-fallback":   # world, MPI and CPUs are right: only the floor sees it
         problems = result.report["problems"]
