@@ -62,17 +62,18 @@ def _summary(model: str, ranks: int, out: Path) -> dict:
                for part in ("compute", "grad_sync", "data")}}
 
 
-def _checked(argv: list[str], result: subprocess.CompletedProcess) -> None:
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stderr[-3000:]}")
+def _checked(argv: list[str], code: int, stderr: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{stderr[-3000:]}")
 
 
 def run_config(model: str, ranks: int, steps: int, workdir: Path, log: list) -> dict:
     """One ``train`` run of ``ranks`` x 1 thread; returns the second epoch's numbers."""
     out = workdir / f"{model}-{ranks}-{len(log)}"
     argv = _argv(model, ranks, steps, out, workdir)
-    _checked(argv, subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
-                                  timeout=1800))
+    result = subprocess.run(argv, env=loopback_env(), capture_output=True, text=True,
+                            timeout=1800)
+    _checked(argv, result.returncode, result.stderr)
     summary = _summary(model, ranks, out)
     log.append(summary)
     print(f"  {model:9s} {ranks}x1: {summary['samples_per_s_per_rank']:.2f} samples/s/rank, "
@@ -96,8 +97,8 @@ def run_pair(model: str, steps: int, workdir: Path, log: list) -> dict:
                                                  stderr=subprocess.PIPE)))
     summaries = []
     for argv, out, proc in runs:
-        stdout, stderr = proc.communicate(timeout=1800)
-        _checked(argv, subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr))
+        _, stderr = proc.communicate(timeout=1800)
+        _checked(argv, proc.returncode, stderr)
         summaries.append(_summary(model, 1, out))
     summary = {key: (sum(s[key] for s in summaries) / len(summaries)
                      if isinstance(summaries[0][key], float) else summaries[0][key])
@@ -162,7 +163,7 @@ def main() -> int:
                      for r in (1, 2)}
             sides["pair"] = lambda m=model: run_pair(m, args.steps, work, log)
             t = run_alternating(sides, args.trials, warmup=0)
-            one, two, pair = t[1], t[2], t["pair"]
+            one, two = t[1], t[2]
             per_rank = {side: [r["samples_per_s_per_rank"] for r in t[side]] for side in t}
             rows += [
                 Row.measured(f"flops-{model}", f"{model} achieved GFLOP/s ÷ measured GEMM "

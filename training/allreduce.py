@@ -641,14 +641,15 @@ class GradAllreducer:
             stream.done += 1
         upto = buckets[stream.done - 1].end if stream.done else 0
         chunk, sent = stream.chunk, stream.sent
-        if final or stream.done == len(buckets):
+        last = final or stream.done == len(buckets)   # no later hook will make a call
+        if last:
             end = upto
         else:
             if self._thread is None and upto - sent < stream.flat.numel() // BURSTS:
                 return   # too little for a burst yet: each starts with a wait for the slower rank
             end = sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
-            if self._thread is not None and not final and stream.done < len(buckets):
+            if self._thread is not None and not last:
                 self._thread.submit(lambda: self._call(stream, sent, end, chunk))
             else:   # synchronize's calls, and the last bucket's (nothing is left to overlap
                 # them with): the main thread makes them, after the thread's, without a
