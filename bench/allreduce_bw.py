@@ -11,7 +11,8 @@ the same with ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in
 ``replay_backward()`` calls every parameter's backward hook in bucket order, as a backward
 whose loss ``GradAllreducer.backward`` divided by the world size would, then
 ``synchronize()``; the engine's first steps, which try its call sizes, run before the
-warm-up round. "raw" is one float32 buffer of the same bytes, reduced by one
+warm-up round. "raw" is one float32 buffer of the same bytes, on transparent huge pages as
+the engine's arena (``hostmem.huge_zeros``), reduced by one
 ``MPI_Allreduce`` of the whole buffer or by consecutive ``MPI_Allreduce`` calls of ``chunk``
 bytes (``--chunks``); the best of those settings (by median) is the baseline. Trials
 alternate (A B B A ...), the first round is warm-up. Row: raw time ÷ fused time = fused
@@ -64,6 +65,7 @@ def _as_rank(args: argparse.Namespace) -> int:
 
     from hpcai.models import gan3d, resnet
     from hpcai.training.allreduce import GradAllreducer, MpiTransport, set_thread_env
+    from hpcai.training.hostmem import huge_zeros
 
     set_thread_env()   # the environment train gives the engine, before MPI starts
     from mpi4py import MPI
@@ -80,9 +82,10 @@ def _as_rank(args: argparse.Namespace) -> int:
         nbytes = sum(p.numel() * 4 for p in model.parameters())
         # the raw sides sum without averaging, so the buffer doubles at every call: start
         # small enough (still normal floats) that the calls stay finite
-        raw = (np.random.default_rng(comm.rank).standard_normal(nbytes // 4)
-               * 2.0**-100).astype(np.float32)
-        raw0 = raw.copy()
+        raw0 = (np.random.default_rng(comm.rank).standard_normal(nbytes // 4)
+                * 2.0**-100).astype(np.float32)
+        raw = huge_zeros(raw0.size, np.float32)   # raw at its best: huge pages, as the arena
+        raw[:] = raw0
         # each reducer on its own copy: a parameter's .grad is a view into one reducer's
         # bucket, so two reducers on one model would copy every gradient at each switch
         sized = {"bucket_mb": args.bucket_mb} if args.bucket_mb else {}

@@ -13,6 +13,7 @@ import pytest
 
 FAST = frozenset({
     "test_gpus.py",
+    "test_hostmem.py",
     "test_import_graph.py",
     "test_results_size.py",
     "test_record.py",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .hostmem import huge_zeros
 from .sync import DEFAULT_BUCKET_MB, SyncStats, check_horovod_world, plan_buckets
 
 
@@ -58,14 +59,12 @@ class TfGradAllreducer:
         dtypes = [_numpy_dtype(v) for v in variables]
         groups = plan_buckets([_numel(v.shape) * d.itemsize for v, d in zip(variables, dtypes)],
                               dtypes, limit)
-        # one allocation per dtype, each bucket a slice: numpy asks for transparent huge pages
-        # on large arrays, and a bucket under 4 MiB would not get them on its own (see
-        # allreduce._arenas)
+        # one allocation per dtype, each bucket a slice, on huge pages (hostmem.huge_zeros)
         totals: dict[np.dtype, int] = {}
         for idx in groups:
             totals[dtypes[idx[0]]] = totals.get(dtypes[idx[0]], 0) + sum(
                 _numel(variables[i].shape) for i in idx)
-        arena = {dtype: np.zeros(n, dtype=dtype) for dtype, n in totals.items()}
+        arena = {dtype: huge_zeros(n, dtype) for dtype, n in totals.items()}
         used = dict.fromkeys(totals, 0)
         buckets = []
         for idx in groups:
