@@ -22,6 +22,10 @@ LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": 
 # core that peer needs. A test that needs Open MPI's own default (what ``train`` sets itself,
 # ranks that must spin) removes it: ``base_env(**dict.fromkeys(SHARED_CORES))``.
 SHARED_CORES = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+# Training runs take "% of peak" from this instead of a GEMM probe on every rank (2-4 s of each
+# run's start-up here); tests/test_training.py runs the probe itself:
+# ``base_env(HPCAI_PEAK_GFLOPS=None)``.
+GIVEN_PEAK = {"HPCAI_PEAK_GFLOPS": "50"}
 
 # glibc's malloc keeping freed memory instead of returning it to the kernel, for test runs
 # whose large temporaries would otherwise be page-faulted in again at every step (the float64
@@ -32,12 +36,14 @@ KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32),
 
 def base_env(**extra: str | None) -> dict[str, str]:
     """Environment for launching ranks in tests: venv first on PATH, MPI on loopback, Open
-    MPI's waits yielding (:data:`SHARED_CORES`); ``extra`` last, where None removes."""
+    MPI's waits yielding (:data:`SHARED_CORES`), the peak given (:data:`GIVEN_PEAK`);
+    ``extra`` last, where None removes."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI4PY_", "HPCAI_"))}
     env.update(LOOPBACK)
     env.update(SHARED_CORES)
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', os.defpath)}"
+    env.update(GIVEN_PEAK)
     for key, value in extra.items():
         if value is None:
             env.pop(key, None)

@@ -37,6 +37,10 @@ IMAGE_DEFAULTS = {"samples": 256, "image_size": 224, "classes": 1000}   # ResNet
 BUCKET_MB = 4.0
 VALIDATE_EVERY, VALIDATE_EVENTS = 1, 256   # 3dgan physics validation
 DEVICES = ("cpu", "cuda")
+# The per-rank peak GFLOP/s that "% of peak" divides by, where --peak-gflops is not given: a
+# site that knows its nodes' peak sets it (e.g. in its profile's [env]); unset, every run
+# measures it (a 2048^3 GEMM probe on every rank: 2-4 s at start-up on this machine).
+PEAK_ENV = "HPCAI_PEAK_GFLOPS"
 VALIDATE_BN = ("moving", "standing")   # 3dgan: --validate-bn
 PRECISIONS = ("fp32", "tf32", "bf16")   # --precision: torch_trainer.precision_settings
 
@@ -192,8 +196,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (0: all)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--peak-gflops", type=float, default=0.0,
-                   help="per-rank peak to divide by (default 0: measure with a GEMM probe)")
+    p.add_argument("--peak-gflops", type=float, default=None,
+                   help=f"per-rank peak to divide by (default: ${PEAK_ENV} where set, else "
+                        "measured with a GEMM probe)")
     p.add_argument("--max-steps", type=int, default=0,
                    help="cap steps per epoch (tests; 0: no cap)")
     p.add_argument("--channels-first", action="store_true",
@@ -304,7 +309,8 @@ def parse(argv: list[str]) -> TrainConfig:
         overlap=not ns.no_overlap, allreduce_progress=ns.allreduce_progress,
         verify_every=ns.verify_every,
         bn=ns.bn, checkpoint_every=ns.checkpoint_every, keep=ns.keep, resume=ns.resume,
-        seed=ns.seed, peak_gflops=ns.peak_gflops, max_steps=ns.max_steps,
+        seed=ns.seed, max_steps=ns.max_steps,
+        peak_gflops=env_peak_gflops() if ns.peak_gflops is None else ns.peak_gflops,
         channels_last=not ns.channels_first, prefetch=not ns.no_prefetch,
         eval_samples=ns.eval_samples, stall_timeout=ns.stall_timeout,
         test_files=ns.test_files,
@@ -320,6 +326,22 @@ def parse(argv: list[str]) -> TrainConfig:
         precision=ns.precision or ("tf32" if ns.device == "cuda" else "fp32"))
     check_numbers(cfg)
     return cfg
+
+
+def env_peak_gflops(env=os.environ) -> float:
+    """:data:`PEAK_ENV`'s value; 0.0 (measure) when it is unset or empty."""
+    text = env.get(PEAK_ENV, "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise UserError(f"{PEAK_ENV}={text!r} is not a positive number of GFLOP/s",
+                        f"set it to the per-rank peak (for example {PEAK_ENV}=50), or unset "
+                        "it to measure the peak with a GEMM probe")
+    return value
 
 
 def check_options(ns: argparse.Namespace) -> None:

@@ -323,7 +323,8 @@ class Trainer(ABC):
     # -- measurement ----------------------------------------------------------------------
     def _peak(self) -> Peak:
         if self.cfg.peak_gflops > 0:
-            return Peak(gflops_per_rank=self.cfg.peak_gflops, source="--peak-gflops")
+            return Peak(gflops_per_rank=self.cfg.peak_gflops,
+                        source="given: --peak-gflops or $HPCAI_PEAK_GFLOPS")
         self.comm.Barrier()   # all ranks probe at once: the same contention as training
         mine, probe = self._gemm_probe()
         best = self.comm.allreduce(mine, op=MPI.MAX)
