@@ -186,8 +186,8 @@ def _arenas(groups: list[list[torch.nn.Parameter]]
     (the arena), on the parameters' device; and the arenas by dtype.
 
     On the CPU an arena is :func:`hostmem.huge_zeros`: 2 MiB-aligned and advised for
-    transparent huge pages, whatever its size; MPI reduced both models' gradient sets about
-    twice as fast on them as on 4 KiB pages (``bench/allreduce_bw.py``).
+    transparent huge pages, whatever its size, on which MPI reduces faster than on 4 KiB
+    pages (``bench/allreduce_bw.py``'s "for scale" side: torch buffers).
     """
     totals: dict[torch.dtype, int] = {}
     for group in groups:

@@ -1,10 +1,12 @@
 """Host buffers for gradient arenas: zeroed, 2 MiB-aligned, advised for transparent huge pages.
 
 numpy asks for huge pages (``madvise(MADV_HUGEPAGE)``) only for arrays of 4 MiB or more and
-does not align them, and torch's allocator never asks. On huge pages an ``MPI_Allreduce``
-between ranks of one node ran 1.6-2.1x faster on a 3.8 MB buffer (the 3DGAN's gradients,
-Open MPI 4.1 and MPICH 4.0, 2 ranks, ``bench/allreduce_bw.py``) and about 2x on the
-ResNet50's 102 MB. Where the kernel has no transparent huge pages, the buffer has 4 KiB pages.
+does not align them, and torch's allocator never asks. One ``MPI_Allreduce`` of the 3DGAN's
+3.8 MB gradient set between 2 ranks of one node took 0.81 ms on huge pages against 1.38 ms
+in a torch buffer on Open MPI 4.1, and 1.32 against 1.73 ms on MPICH 4.0
+(``bench/results/allreduce_bw-vm-20261130T184637.json``, ``...T184858.json``); Intel MPI's
+fastest setting, 1 MB calls, took 0.68 ms (``...T185538.json``). Where the kernel has no
+transparent huge pages, the buffer has 4 KiB pages.
 """
 
 from __future__ import annotations
