@@ -395,6 +395,8 @@ def mpi_family() -> str:
 #   earlier runs: "hook";
 # - Intel MPI 2021: 1.019 [0.990, 1.043] with THREAD_ENV, 1.073 [1.058, 1.107] without
 #   (progress_modes-vm-20261129T225740.json): "hook".
+# With the huge-page arenas (progress_modes-vm-20261130T194831.json, ResNet50): MPICH 1.020
+# [1.000, 1.078] and Intel MPI 1.012 [0.974, 1.062], both unresolved: still "hook".
 # "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
 # non-blocking calls.
 PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
