@@ -209,19 +209,19 @@ class Row:
         return cls(key, label, op, target, stats, verdict(stats, op, target), note)
 
     @classmethod
-    def across_runs(cls, key: str, label: str, op: str, target: float,
+    def across_runs(cls, key: str, label: str, op: str, target: float | None,
                     runs: Sequence[tuple[Sequence[float], Sequence[float]]],
                     note: str = "") -> "Row":
         """The row of ratios a_i / b_i over several independent launches (``runs``: one
         ``(a, b)`` per launch): the pooled median, judged on the interval of
-        :func:`launch_stats`, which counts the spread between launches. The note lists the
-        launches' medians."""
+        :func:`launch_stats`, which counts the spread between launches (``target`` None: a
+        reported row, not judged). The note lists the launches' medians."""
         ratios = [[x / y for x, y in zip(a, b)] for a, b in runs]
         stats = launch_stats(ratios)
         each = "median ratio per launch: " + ", ".join(
             f"{statistics.median(r):.3f}" for r in ratios)
-        return cls(key, label, op, target, stats, verdict(stats, op, target),
-                   f"{note}; {each}" if note else each)
+        judged = "report" if target is None else verdict(stats, op, target)
+        return cls(key, label, op, target, stats, judged, f"{note}; {each}" if note else each)
 
     @classmethod
     def report(cls, key: str, label: str, a: Sequence[float], b: Sequence[float],

@@ -176,6 +176,9 @@ def test_launches_are_the_units_of_the_across_launch_interval():
     row = common.Row.across_runs("k", "l", ">=", 0.95, spread)
     assert row.verdict == "unresolved" and row.stats.interval[1] > 0.95, row.stats
     assert "median ratio per launch: 0.802, 0.852" in row.note
+    # with no target the same launches are reported with their interval, never judged
+    reported = common.Row.across_runs("k", "l", "", None, spread)
+    assert reported.verdict == "report" and reported.stats.interval == row.stats.interval
 
 
 def test_negative_baseline_is_invalid_not_met():
