@@ -27,7 +27,8 @@ README = "".join(DOCS.values())   # every document, for the blocks' controls
 RESULTS = REPO / "bench" / "results"
 BLOCKS = render.BLOCK.findall(README)
 README_LINES = 250
-RATIO_BLOCKS = [b for b in BLOCKS if b[1] not in {"startup", "summary", *render.ALL_FILES}]  # ratio rows
+# the blocks of ratio rows
+RATIO_BLOCKS = [b for b in BLOCKS if b[1] not in {"startup", "summary", *render.ALL_FILES}]
 PROVENANCE = ("git_commit", "date", "machine", "cpus", "open_mpi", "threads_env", "packages",
               "load_average_at_start", "load_average_at_end")
 
