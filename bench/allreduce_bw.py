@@ -201,6 +201,9 @@ class _Idle:
     def blocking(self, flat, call: int = 0) -> None:
         pass
 
+    def blocking_host(self, array, call: int = 0) -> None:
+        pass
+
     def barrier(self) -> None:
         pass
 

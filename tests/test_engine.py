@@ -275,14 +275,16 @@ class _ThreadedRecorder(_Recorder):
 
 
 def test_thread_progress_calls_off_the_main_thread_and_synchronize_waits_for_them():
-    """``thread`` progress: the calls that backward completes before its last bucket are made
-    on the reducer's communication thread; the last bucket's hook waits for them and makes
-    the rest on the main thread (nothing is left to overlap them with). Together they tile
-    the arena exactly once, each covering complete buckets, and every gradient is this rank's
-    share. A call that raises on that thread fails the step on the main thread, and the
-    next step is whole again. The control: a transport that does not allow a second thread
-    (MPI below MPI_THREAD_SERIALIZED) gets ``hook`` progress, and every call is made on the
-    main thread."""
+    """``thread`` progress: the calls that backward completes before its last bucket are
+    handed to the reducer's communication thread; the last bucket's hook takes over those it
+    has not started (:func:`test_comm_thread_take_over_returns_the_pieces_not_started`) and
+    makes them and the rest on the main thread (nothing is left to overlap them with): the
+    thread makes a prefix of the handed calls, the main thread all after it. Together they
+    tile the arena exactly once, in order, and every gradient is this rank's share. A call
+    that raises fails the step on the main thread, and the next step is whole again. The
+    control: a transport that does not allow a second thread (MPI below
+    MPI_THREAD_SERIALIZED) gets ``hook`` progress, and every call is made on the main
+    thread."""
     import threading
 
     import torch
@@ -312,8 +314,10 @@ def test_thread_progress_calls_off_the_main_thread_and_synchronize_waits_for_the
     handed = len(range(0, reducer.buckets[-2].end // stream.chunk * stream.chunk,
                        stream.chunk))
     assert 0 < handed < len(offsets)
-    assert main not in rec.threads_of[:handed] and len(set(rec.threads_of[:handed])) == 1
-    assert set(rec.threads_of[handed:]) == {main}
+    by_thread = next(i for i, who in enumerate(rec.threads_of) if who == main)
+    assert by_thread <= handed, "the thread made a call the last hook makes"
+    assert main not in rec.threads_of[:by_thread] and len(set(rec.threads_of[:by_thread])) <= 1
+    assert set(rec.threads_of[by_thread:]) == {main}
     rec.fail_at = 1
     with pytest.raises(RuntimeError, match="the transport failed"):
         step()
@@ -327,6 +331,80 @@ def test_thread_progress_calls_off_the_main_thread_and_synchronize_waits_for_the
     control.synchronize()
     assert control.progress == "hook" and set(plain.threads_of) == {main}
     control.close()
+
+
+def test_comm_thread_take_over_returns_the_pieces_not_started():
+    """``_CommThread.take_over`` waits for the piece being made and returns the pieces not
+    yet started, in order, which the thread then never makes; a piece that raised on the
+    thread is raised by the next ``take_over``, and the pieces after it are dropped. The
+    thread is made to be inside its first piece while the main thread waits in take_over
+    (events, not sleeps)."""
+    import threading
+
+    from hpcai.training.allreduce import _CommThread
+
+    made, started, go = [], threading.Event(), threading.Event()
+
+    def first() -> None:
+        started.set()
+        assert go.wait(10)
+        made.append("first")
+
+    comm = _CommThread(lambda piece: piece())   # pieces: here, callables
+    comm.submit([first, lambda: made.append("second"), lambda: made.append("third")])
+    assert started.wait(10)
+    got: list = []
+    taker = threading.Thread(target=lambda: got.append(comm.take_over()))
+    taker.start()
+    deadline = time.monotonic() + 10
+    while not comm._cond._waiters and time.monotonic() < deadline:   # take_over waits
+        time.sleep(0.001)
+    go.set()
+    taker.join(10)
+    assert made == ["first"], "take_over returned before the piece being made ended"
+    (rest,) = got
+    for piece in rest:   # the caller makes them, in order
+        piece()
+    assert made == ["first", "second", "third"]
+    assert comm.take_over() == []   # idle: nothing left
+
+    entered = threading.Event()
+
+    def broken() -> None:
+        entered.set()
+        raise RuntimeError("the transport failed")
+    comm.submit([broken, lambda: made.append("after")])
+    assert entered.wait(10)
+    with pytest.raises(RuntimeError, match="the transport failed"):
+        comm.take_over()
+    assert comm.take_over() == [] and "after" not in made
+    comm.close()
+
+
+def test_pieces_made_at_the_end_are_joined_only_where_the_calls_stay_the_same():
+    """The last hook makes the pieces the thread did not start as one transport call per
+    stream, so no Python runs between their MPI calls; that changes no call (the same
+    boundaries on every rank, whichever thread made which piece) only where the family's
+    largest call divides the chunk. Intel MPI (1 MiB calls): chunks of 2 MiB are joined, of
+    1.5 MiB not (the control); pieces of two streams never are."""
+    import torch
+
+    from hpcai.training.allreduce import GradAllreducer
+
+    reducer = GradAllreducer.__new__(GradAllreducer)
+    reducer.transport = type("T", (), {"family": "intel"})()
+    a = type("S", (), {"flat": torch.zeros(4)})()
+    b = type("S", (), {"flat": torch.zeros(4)})()
+    mib = (1 << 20) // 4   # float32 elements
+
+    def pieces(stream, chunk, n):
+        return [(stream, i * chunk, (i + 1) * chunk, chunk) for i in range(n)]
+    assert reducer._merged(pieces(a, 2 * mib, 3)) == [(a, 0, 6 * mib, 2 * mib)]
+    assert reducer._merged(pieces(a, mib * 3 // 2, 3)) == pieces(a, mib * 3 // 2, 3)
+    assert reducer._merged(pieces(a, mib // 2, 2) + pieces(b, mib // 2, 1)) == [
+        (a, 0, mib, mib // 2), (b, 0, mib // 2, mib // 2)]
+    reducer.transport.family = "openmpi"   # no largest call: always joined
+    assert reducer._merged(pieces(a, mib * 3 // 2, 3)) == [(a, 0, mib * 9 // 2, mib * 3 // 2)]
 
 
 def test_call_size_is_measured_on_the_arena_and_agreed():

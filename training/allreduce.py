@@ -32,8 +32,8 @@ transport reduces a host copy of each (``_Staged``), then copies the sum back.
 
 from __future__ import annotations
 
+import collections
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,6 +78,13 @@ class MpiTransport:
         reduces faster. One conversion to NumPy for all the calls: between two calls there is
         only the slicing."""
         array, copy_back = host_array(flat)
+        self.blocking_host(array, call)
+        if copy_back:
+            flat.copy_(torch.from_numpy(array))
+
+    def blocking_host(self, array: np.ndarray, call: int = 0) -> None:
+        """:meth:`blocking` of a NumPy array (a view of a host arena, made once: no torch
+        call between two MPI calls, each of which cost 60-80 us per call here)."""
         cap = CHUNK_BYTES.get(self.family, 0) // array.itemsize
         step = min(call or array.size, cap or array.size)
         if array.size > step:
@@ -86,8 +93,6 @@ class MpiTransport:
                 allreduce(in_place, array[start:start + step], op=op)
         else:
             self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
-        if copy_back:
-            flat.copy_(torch.from_numpy(array))
 
     def wait_all(self, handles) -> None:
         handles = list(handles)
@@ -247,6 +252,7 @@ class _Stream:
     call_s: float = 0.0       # seconds in this step's calls
     calibrated: int = 0       # the chunk chosen when the reducer was made
     tuner: "_Tuner | None" = None   # while the first steps try the candidate sizes
+    host: "np.ndarray | None" = None   # ``flat`` as NumPy, for a transport's blocking_host
 
     def reset(self) -> None:
         self.done = self.sent = 0
@@ -293,45 +299,73 @@ class _Tuner:
 
 class _CommThread:
     """A thread that makes a reducer's blocking calls in the order they are handed to it
-    (``thread`` progress): backward goes on while earlier chunks are reduced. The main
-    thread makes no MPI call until :meth:`drain` returns, so MPI needs
-    ``MPI_THREAD_SERIALIZED`` only. A call that raised is raised again by :meth:`drain`."""
+    (``thread`` progress), one piece (``make(piece)``: a call) at a time: backward goes on
+    while earlier chunks are reduced. :meth:`take_over` stops it between two pieces and gives
+    the main thread the pieces not yet made, so the calls that remain when backward ends are
+    made there, without a hand-over per call. The two threads never call MPI at once and the
+    order of the calls is the order handed over, so MPI needs ``MPI_THREAD_SERIALIZED`` only.
+    A call that raised is raised again by :meth:`take_over`; the pieces after it are
+    dropped."""
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, make) -> None:
+        self._make = make
+        self._pending: collections.deque = collections.deque()
+        self._busy = False        # a piece is being made (outside the lock)
+        self._held = False        # take_over() is waiting: start no other piece
+        self._closing = False
         self._error: BaseException | None = None
-        self._handed = False   # calls handed over since the last drain
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hpcai-allreduce", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        cond = self._cond
         while True:
-            job = self._queue.get()
-            if job is None:
-                return
+            with cond:
+                while (self._held or not self._pending) and not self._closing:
+                    cond.wait()
+                if self._closing:
+                    return
+                piece = self._pending.popleft()
+                self._busy = True
             try:
-                job()
-            except BaseException as exc:   # kept for drain(): the main thread reports it
-                if self._error is None:
-                    self._error = exc
+                self._make(piece)
+            except BaseException as exc:   # kept for take_over(): the main thread reports it
+                with cond:
+                    if self._error is None:
+                        self._error = exc
+                    self._pending.clear()
+            finally:
+                with cond:
+                    self._busy = False
+                    cond.notify_all()
 
-    def submit(self, job) -> None:
-        self._queue.put(job)
-        self._handed = True
+    def submit(self, pieces) -> None:
+        """Hand over ``pieces`` (each one MPI call), to be made in order."""
+        with self._cond:
+            self._pending.extend(pieces)
+            self._cond.notify_all()
 
-    def drain(self) -> None:
-        """Wait until every call handed over so far has returned."""
-        if self._handed:
-            done = threading.Event()
-            self._queue.put(done.set)
-            done.wait()
-            self._handed = False
-        if self._error is not None:
+    def take_over(self) -> list:
+        """Wait for the piece being made, if any, and return those not yet started, in order
+        (the caller makes them); afterwards the thread is idle until the next submit."""
+        with self._cond:
+            self._held = True
+            while self._busy:
+                self._cond.wait()
+            rest = list(self._pending)
+            self._pending.clear()
+            self._held = False
             error, self._error = self._error, None
+        if error is not None:
             raise error
+        return rest
 
     def close(self) -> None:
-        self._queue.put(None)
+        with self._cond:
+            self._pending.clear()
+            self._closing = True
+            self._cond.notify_all()
         self._thread.join()
 
 
@@ -379,8 +413,9 @@ def mpi_family() -> str:
 # How each MPI family progresses a bucket's reduction: "hook" issues blocking MPI_Allreduce
 # calls from the backward hook that completes enough of the arena (in bursts, BURSTS);
 # "thread" hands the same calls to one communication thread (_CommThread) as soon as they
-# are complete, so backward goes on while they run; the last bucket's hook waits for the
-# thread and makes the remaining calls itself (nothing is left to overlap them with);
+# are complete, so backward goes on while they run; the last bucket's hook takes over the
+# calls the thread has not started (after the one it is making) and makes them and the
+# remaining ones itself (nothing is left to overlap them with), with no hand-over per call;
 # "nonblocking" starts an MPI_Iallreduce per bucket, pokes it with MPI_Testall at every later
 # hook and waits in synchronize(). Chosen by bench/progress_modes.py (2 ranks x 1 core,
 # ResNet50 at 112 px, batch 8, with THREAD_ENV set; 4 jobs per MPI, bench/results/
@@ -474,7 +509,7 @@ class GradAllreducer:
         self.buckets, arenas = self._make_buckets(
             [p for p in module.parameters() if p.requires_grad], int(bucket_mb * 2**20))
         self.streams = self._streams(arenas, call_mb)
-        self._thread = (_CommThread() if self.overlap and self.progress == "thread"
+        self._thread = (_CommThread(self._piece) if self.overlap and self.progress == "thread"
                         and self.streams else None)
         self._arrivals = {id(p): (b, i, v) for b in self.buckets
                           for i, (p, v) in enumerate(zip(b.params, b.views))}
@@ -518,7 +553,9 @@ class GradAllreducer:
                 chunk = self._calibrate(arena, sizes)
             chunk = min(chunk, arena.numel())
             stream = _Stream(arena, mine, chunk, calibrated=chunk,
-                             tuner=_Tuner(sizes) if len(sizes) > 1 else None)
+                             tuner=_Tuner(sizes) if len(sizes) > 1 else None,
+                             host=arena.numpy() if hasattr(self.transport, "blocking_host")
+                             else None)
             for bucket in mine:
                 bucket.stream = stream
             streams.append(stream)
@@ -647,29 +684,61 @@ class GradAllreducer:
             end = sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
             if self._thread is not None and not last:
-                self._thread.submit(lambda: self._call(stream, sent, end, chunk))
+                self._thread.submit([(stream, lo, min(lo + chunk, end), chunk)
+                                     for lo in range(sent, end, chunk)])
             else:   # synchronize's calls, and the last bucket's (nothing is left to overlap
                 # them with): the main thread makes them, after the thread's, without a
-                # hand-over
-                if self._thread is not None:
-                    self._drain()
-                self._call(stream, sent, end, chunk)
+                # hand-over; first those handed to the thread that it had not started
+                rest = self._drain() if self._thread is not None else []
+                self._make_here([*rest, (stream, sent, end, chunk)])
             self.stats.allreduces += -(-(end - sent) // chunk)
             self.stats.bytes += (end - sent) * stream.flat.element_size()
             stream.sent = end
 
-    def _drain(self) -> None:
-        """Wait for the comm thread's calls; a call that failed fails this step."""
+    def _drain(self) -> list[tuple]:
+        """The comm thread's pieces that it has not started, once the one it is making is
+        done (the caller makes them); a call that failed fails this step."""
         try:
-            self._thread.drain()
+            return self._thread.take_over()
         except BaseException:
             self._reset()
             raise
 
+    def _make_here(self, pieces: list[tuple]) -> None:
+        """Make ``pieces`` on this thread, in order (:meth:`_merged`); a call that failed
+        fails this step, and the next one starts whole."""
+        try:
+            for piece in self._merged(pieces):
+                self._piece(piece)
+        except BaseException:
+            self._reset()
+            raise
+
+    def _merged(self, pieces: list[tuple]) -> list[tuple]:
+        """``pieces`` with consecutive ones of a stream joined, where that leaves the calls the
+        same (the transport's largest call divides the chunk): one transport call, with no
+        Python between its MPI calls but the loop's, for what would be several."""
+        cap = CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0)
+        out: list[tuple] = []
+        for stream, lo, hi, chunk in pieces:
+            step = cap // stream.flat.element_size()
+            if out and out[-1][0] is stream and out[-1][2] == lo and out[-1][3] == chunk \
+                    and (not step or chunk <= step or chunk % step == 0):
+                out[-1] = (stream, out[-1][1], hi, chunk)
+            else:
+                out.append((stream, lo, hi, chunk))
+        return out
+
+    def _piece(self, piece: tuple) -> None:
+        self._call(*piece)
+
     def _call(self, stream: _Stream, sent: int, end: int, chunk: int) -> None:
         """The blocking calls for ``stream.flat[sent:end]`` (on the comm thread, if any)."""
         start = time.perf_counter()
-        self.transport.blocking(stream.flat[sent:end], chunk)
+        if stream.host is not None:
+            self.transport.blocking_host(stream.host[sent:end], chunk)
+        else:
+            self.transport.blocking(stream.flat[sent:end], chunk)
         stream.call_s += time.perf_counter() - start
 
     def _reduce(self, bucket: _Bucket) -> None:
@@ -731,8 +800,8 @@ class GradAllreducer:
             for bucket in self.buckets:
                 if bucket.stream is None:
                     self._reduce(bucket)
-        if self._thread is not None:
-            self._drain()   # its calls come before the last ones, made here
+        if self._thread is not None:   # its calls come before the last ones, made here
+            self._make_here(self._drain())
         for stream in self.streams:
             self._advance(stream, final=True)
         # what a stream's tuner compares: with a comm thread, the main thread's wait in this
