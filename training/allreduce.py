@@ -433,6 +433,9 @@ def mpi_family() -> str:
 #   (progress_modes-vm-20261129T225740.json): "hook".
 # With the huge-page arenas (progress_modes-vm-20261130T194831.json, ResNet50): MPICH 1.020
 # [1.000, 1.078] and Intel MPI 1.012 [0.974, 1.062], both unresolved: still "hook".
+# With the last hook's take-over (progress_modes-vm-20261130T220330.json, 8 jobs, both
+# models): Open MPI 0.997 [0.975, 1.016] (ResNet50) and 0.995 [0.964, 1.016] (3DGAN), both
+# met: still "thread".
 # "thread" falls back to "hook" below MPI_THREAD_SERIALIZED. "other" MPIs keep the
 # non-blocking calls.
 PROGRESS = {"openmpi": "thread", "mpich": "hook", "intel": "hook", "other": "nonblocking"}
