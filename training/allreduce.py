@@ -570,7 +570,7 @@ class GradAllreducer:
         whole arena; only those up to the family's :data:`CHUNK_BYTES`, where it has one."""
         total, item = arena.numel(), arena.element_size()
         sizes = [b // item for b in CALL_BYTES if b // item < total] + [total]
-        cap = CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0) // item
+        cap = self._largest_call(item)
         if cap:   # the transport splits larger calls itself: only the sizes it would make
             sizes = [n for n in sizes if n <= cap] or [min(cap, total)]
         return sizes
@@ -693,13 +693,13 @@ class GradAllreducer:
             else:   # synchronize's calls, and the last bucket's (nothing is left to overlap
                 # them with): the main thread makes them, after the thread's, without a
                 # hand-over; first those handed to the thread that it had not started
-                rest = self._drain() if self._thread is not None else []
+                rest = self._take_over() if self._thread is not None else []
                 self._make_here([*rest, (stream, sent, end, chunk)])
             self.stats.allreduces += -(-(end - sent) // chunk)
             self.stats.bytes += (end - sent) * stream.flat.element_size()
             stream.sent = end
 
-    def _drain(self) -> list[tuple]:
+    def _take_over(self) -> list[tuple]:
         """The comm thread's pieces that it has not started, once the one it is making is
         done (the caller makes them); a call that failed fails this step."""
         try:
@@ -718,14 +718,18 @@ class GradAllreducer:
             self._reset()
             raise
 
+    def _largest_call(self, itemsize: int) -> int:
+        """Elements in the transport's largest call (:data:`CHUNK_BYTES` of its family; 0:
+        no limit): it splits a longer call into calls of this size."""
+        return CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0) // itemsize
+
     def _merged(self, pieces: list[tuple]) -> list[tuple]:
         """``pieces`` with consecutive ones of a stream joined, where that leaves the calls the
-        same (the transport's largest call divides the chunk): one transport call, with no
-        Python between its MPI calls but the loop's, for what would be several."""
-        cap = CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0)
+        same (the chunk is at most the transport's largest call, or a multiple of it): one
+        transport call, with no Python between its MPI calls but the loop's, for several."""
         out: list[tuple] = []
         for stream, lo, hi, chunk in pieces:
-            step = cap // stream.flat.element_size()
+            step = self._largest_call(stream.flat.element_size())
             if out and out[-1][0] is stream and out[-1][2] == lo and out[-1][3] == chunk \
                     and (not step or chunk <= step or chunk % step == 0):
                 out[-1] = (stream, out[-1][1], hi, chunk)
@@ -805,7 +809,7 @@ class GradAllreducer:
                 if bucket.stream is None:
                     self._reduce(bucket)
         if self._thread is not None:   # its calls come before the last ones, made here
-            self._make_here(self._drain())
+            self._make_here(self._take_over())
         for stream in self.streams:
             self._advance(stream, final=True)
         # what a stream's tuner compares: with a comm thread, the main thread's wait in this
