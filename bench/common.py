@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import socket
 import statistics
@@ -298,10 +299,33 @@ def write_result(benchmark: str, info: dict, rows: Sequence[Row], trials: dict,
     info = dict(info, load_average_at_end=[round(x, 2) for x in os.getloadavg()])
     path = out_dir / result_name(benchmark, info)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": benchmark, "provenance": info,
-                                "settings": settings, "rows": [asdict(r) for r in rows],
-                                "trials": trials}, indent=1) + "\n")
+    path.write_text(dump_result({"benchmark": benchmark, "provenance": info,
+                                 "settings": settings, "rows": [asdict(r) for r in rows],
+                                 "trials": rounded(trials)}))
     return path
+
+
+TRIAL_DIGITS = 6   # significant digits kept of a trial's value: far below any trial's noise
+
+
+def rounded(value):
+    """``value`` with every float rounded to :data:`TRIAL_DIGITS` significant digits."""
+    if isinstance(value, float):
+        return float(f"{value:.{TRIAL_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
+_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]")
+
+
+def dump_result(data: dict) -> str:
+    """A result file's text: JSON indented by one, each list of numbers on one line."""
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(","))
+                            + "]", json.dumps(data, indent=1)) + "\n"
 
 
 def print_rows(rows: Sequence[Row]) -> None:

@@ -18,22 +18,26 @@ def train(ranks: int, *args: str, env: dict | None = None, timeout: float = 300)
 
 
 def rank_pids(tag: str) -> dict[int, int]:
-    """PIDs of the ranks a test started (``HPCAI_TEST_TAG`` in their environment), by rank."""
-    found = {}
+    """PIDs of the ranks a test started (``HPCAI_TEST_TAG`` in their environment), by rank.
+    A rank's own children inherit its environment (``train`` runs ``git`` in its
+    ``training/`` folder for the records' provenance): a match whose parent matched too is
+    such a child, not the rank."""
+    candidates = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             env = (entry / "environ").read_bytes().split(b"\0")
             cmd = (entry / "cmdline").read_bytes()
-        except OSError:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if f"HPCAI_TEST_TAG={tag}".encode() in env and b"train" in cmd \
                 and b"hpcai.launcher" not in cmd and b"mpirun" not in cmd:
             for item in env:
                 if item.startswith(b"RANK="):
-                    found[int(item[5:])] = int(entry.name)
-    return found
+                    candidates[int(entry.name)] = (int(item[5:]), parent)
+    return {rank: pid for pid, (rank, parent) in candidates.items() if parent not in candidates}
 
 
 def start(out: Path, *args: str, tag: str, ranks: int = 2):

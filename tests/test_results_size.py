@@ -4,10 +4,14 @@ same check on a folder with a 300 KB file, which must fail."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from common import dump_result, rounded  # noqa: E402 - bench/ is not a package
 FILE_LIMIT = 256 * 1024
 TOTAL_LIMIT = 5 * 1024 * 1024
 
@@ -57,3 +61,12 @@ def test_negative_control_a_large_total_fails(tmp_path):
         f.write_bytes(b" " * 250 * 1024)
         files.append(f)
     assert size_problems(files) == [f"total {21 * 250 * 1024:,} B > {TOTAL_LIMIT:,} B"]
+
+
+def test_result_text_keeps_number_lists_on_one_line_and_reads_back():
+    data = {"rows": [{"label": "a ÷ b", "stats": [0.1, 2]}],
+            "trials": rounded({"runs": [[0.0016234567891234, 1e-07, 3], [2.5]]})}
+    text = dump_result(data)
+    assert json.loads(text) == data
+    assert '"runs": [\n' in text and "[0.00162346, 1e-07, 3]" in text
+    assert rounded(0.0016234567891234) != 0.0016234567891234   # control: it does round

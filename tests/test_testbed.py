@@ -143,3 +143,38 @@ def test_the_fast_mark_follows_the_list_and_refuses_slow_work(tmp_path):
     whole = _tier_run(tmp_path, {"test_x.py"})
     assert whole.returncode != 0
     assert "test_x.py::test_ranks (mpi)" in whole.stdout + whole.stderr, whole.stdout
+
+
+CHILD = "import subprocess, sys, time; subprocess.run([sys.executable, '-c', " \
+        "'import time; time.sleep(30)', 'train']); time.sleep(30)"
+
+
+def test_rank_pids_names_the_rank_not_a_child_that_inherited_its_environment():
+    """A tagged 'rank' (``train`` in its command line, ``RANK=0``) runs a child with the same
+    environment and ``train`` in its command line, as ``train``'s ``git`` runs: the rank's
+    PID is the parent's. Control: both processes match the tag alone."""
+    import os
+    import signal
+    import subprocess
+    import uuid
+
+    from jobs import rank_pids, wait_for
+
+    tag = uuid.uuid4().hex
+    env = base_env(HPCAI_TEST_TAG=tag, RANK="0")
+    parent, child = subprocess.Popen([sys.executable, "-c", CHILD, "train"], env=env), None
+    try:
+        child = wait_for(lambda: [int(p) for p in
+                                  Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+                                  .read_text().split()], 30, "the child")[0]
+        wait_for(lambda: b"train" in Path(f"/proc/{child}/cmdline").read_bytes(), 30,
+                 "the child's exec")
+        tagged = [pid for pid in (parent.pid, child) if f"HPCAI_TEST_TAG={tag}".encode()
+                  in Path(f"/proc/{pid}/environ").read_bytes()]
+        assert tagged == [parent.pid, child]   # the control: the tag alone matches both
+        assert rank_pids(tag) == {0: parent.pid}
+    finally:
+        for pid in (child, parent.pid):   # the two this test started, by PID
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+        parent.wait()
