@@ -86,7 +86,7 @@ class MpiTransport:
         """:meth:`blocking` of a NumPy array: a view of a host arena made once, so that no
         torch call runs between two MPI calls (a torch slice converted before each call made
         the calls slower in 2-rank runs here)."""
-        cap = CHUNK_BYTES.get(self.family, 0) // array.itemsize
+        cap = largest_call(self.family, array.itemsize)
         step = min(call or array.size, cap or array.size)
         if array.size > step:
             allreduce, in_place, op = self.comm.Allreduce, self._mpi.IN_PLACE, self._mpi.SUM
@@ -478,6 +478,12 @@ def thread_env_on(family: str) -> bool:
 CHUNK_BYTES = {"intel": 1 << 20}
 
 
+def largest_call(family: str, itemsize: int) -> int:
+    """Elements in the largest single call of ``family``'s blocking path (:data:`CHUNK_BYTES`;
+    0: no limit): a longer call is made as consecutive calls of this size."""
+    return CHUNK_BYTES.get(family, 0) // itemsize
+
+
 class GradAllreducer:
     """Average the gradients of ``module``'s parameters across the transport's ranks.
 
@@ -719,9 +725,8 @@ class GradAllreducer:
             raise
 
     def _largest_call(self, itemsize: int) -> int:
-        """Elements in the transport's largest call (:data:`CHUNK_BYTES` of its family; 0:
-        no limit): it splits a longer call into calls of this size."""
-        return CHUNK_BYTES.get(getattr(self.transport, "family", ""), 0) // itemsize
+        """:func:`largest_call` of the transport's family (none: no limit)."""
+        return largest_call(getattr(self.transport, "family", ""), itemsize)
 
     def _merged(self, pieces: list[tuple]) -> list[tuple]:
         """``pieces`` with consecutive ones of a stream joined, where that leaves the calls the
