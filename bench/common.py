@@ -15,7 +15,6 @@ import math
 import os
 import platform
 import random
-import re
 import shutil
 import socket
 import statistics
@@ -319,13 +318,22 @@ def rounded(value):
     return value
 
 
-_NUMBER_LIST = re.compile(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]")
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def dump_result(data: dict) -> str:
     """A result file's text: JSON indented by one, each list of numbers on one line."""
-    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(","))
-                            + "]", json.dumps(data, indent=1)) + "\n"
+    def text(value, depth: int) -> str:
+        pad, end = "\n" + " " * (depth + 1), "\n" + " " * depth
+        if isinstance(value, dict) and value:
+            items = (json.dumps(k if isinstance(k, str) else json.dumps(k)) + ": "
+                     + text(v, depth + 1) for k, v in value.items())
+            return "{" + pad + ("," + pad).join(items) + end + "}"
+        if isinstance(value, (list, tuple)) and not all(map(_is_number, value)):
+            return "[" + pad + ("," + pad).join(text(v, depth + 1) for v in value) + end + "]"
+        return json.dumps(value)   # a scalar, an empty container, or a list of numbers
+    return text(data, 0) + "\n"
 
 
 def print_rows(rows: Sequence[Row]) -> None:

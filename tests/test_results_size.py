@@ -64,9 +64,10 @@ def test_negative_control_a_large_total_fails(tmp_path):
 
 
 def test_result_text_keeps_number_lists_on_one_line_and_reads_back():
-    data = {"rows": [{"label": "a ÷ b", "stats": [0.1, 2]}],
+    data = {"rows": [{"label": "a ÷ b [1,2]", "stats": [0.1, 2]}],
             "trials": rounded({"runs": [[0.0016234567891234, 1e-07, 3], [2.5]]})}
     text = dump_result(data)
     assert json.loads(text) == data
     assert '"runs": [\n' in text and "[0.00162346, 1e-07, 3]" in text
+    assert '"label": "a \\u00f7 b [1,2]"' in text   # a string's text is left as it is
     assert rounded(0.0016234567891234) != 0.0016234567891234   # control: it does round
