@@ -650,3 +650,36 @@ def test_threads_make_their_calls_only_where_their_waits_yield(mpi, how, env, wa
     result = run(argv, base_env(**{**unset, **env}), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[-2] == want
+
+
+def test_a_bucket_scales_only_the_gradients_whose_loss_was_not_divided():
+    """One bucket whose gradients came partly from a divided loss (already a share of the
+    mean) and partly not: after synchronize, on a 2-rank transport that adds nothing, the
+    divided ones are as they were and the others halved, each exactly once; a second
+    backward's gradient before synchronize is the accumulation error."""
+    import pytest
+    import torch
+
+    import hpcai.training.allreduce as engine
+    from hpcai.training.allreduce import GradAllreducer
+
+    model = _linear_stack(width=8, depth=2)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    reducer = GradAllreducer(model, _Recorder(), bucket_mb=1.0, call_mb=1.0)
+    (bucket,) = reducer.buckets
+    divided = set(map(id, bucket.params[::2]))
+    for p in bucket.params:
+        engine._loss_divided_by = 2 if id(p) in divided else 0
+        try:
+            reducer._on_grad(p)
+        finally:
+            engine._loss_divided_by = 0
+    reducer.synchronize()
+    for p in bucket.params:
+        assert torch.equal(p.grad, torch.full_like(p, 1.0 if id(p) in divided else 0.5))
+    reducer.replay_backward()
+    reducer._on_grad(bucket.params[0])
+    with pytest.raises(RuntimeError, match="second gradient"):
+        reducer.synchronize()
+    reducer.close()

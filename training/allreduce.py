@@ -224,9 +224,10 @@ class _Bucket:
     offsets: list[int]
     views: list[torch.Tensor] = field(default_factory=list)
     ready: int = 0            # gradients arrived since the last synchronize
-    divided: int = 0          # of those, from a backward whose loss was divided
-    shares: list[bool] = field(default_factory=list)   # per parameter: arrived so divided
-    arrived: list[bool] = field(default_factory=list)
+    # per parameter, since the last synchronize: 0 (not yet) or SHARE_OF + the world size
+    # by which its backward's loss was divided (0: not divided); one list for the bucket's
+    # life (the hooks hold it), reset in place
+    arrived: list[int] = field(default_factory=list)
     request: object = None    # a pending reduction (non-blocking progress); None when done
     n: int = 0                # len(params)
     end: int = 0              # where it ends in its arena (elements)
@@ -234,8 +235,8 @@ class _Bucket:
 
     def reset(self) -> None:
         n = self.n = len(self.params)
-        self.ready, self.divided, self.request = 0, 0, None
-        self.shares, self.arrived = [False] * n, [False] * n
+        self.ready, self.request = 0, None
+        self.arrived[:] = [0] * n
 
 
 @dataclass
@@ -398,6 +399,8 @@ TUNE_MARGIN = 0.05
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
 # the gradients it produces are already this rank's share of the mean.
 _loss_divided_by = 0
+# _Bucket.arrived holds SHARE_OF + _loss_divided_by for a gradient that arrived (never 0)
+SHARE_OF = 1
 
 
 def mpi_family() -> str:
@@ -521,15 +524,17 @@ class GradAllreducer:
         self.streams = self._streams(arenas, call_mb)
         self._thread = (_CommThread(self._piece) if self.overlap and self.progress == "thread"
                         and self.streams else None)
-        self._arrivals = {id(p): (b, i, v) for b in self.buckets
-                          for i, (p, v) in enumerate(zip(b.params, b.views))}
+        # each parameter's backward hook, in bucket order (replay_backward calls them so)
+        self._hooks = [(p, self._hook(b, i, v)) for b in self.buckets
+                       for i, (p, v) in enumerate(zip(b.params, b.views))]
+        self._hook_of = {id(p): hook for p, hook in self._hooks}
         self._pending: list = []
         self._accumulated = False
         self._hook_wait = 0.0   # the main thread's seconds in this step's hooks
         self._handles = []
         if self.size > 1:
-            self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
-                             for bucket in self.buckets for p in bucket.params]
+            self._handles = [p.register_post_accumulate_grad_hook(hook)
+                             for p, hook in self._hooks]
 
     @staticmethod
     def _make_buckets(params: list[torch.nn.Parameter], limit: int
@@ -635,37 +640,45 @@ class GradAllreducer:
             _loss_divided_by = outer
 
     # -- the backward hook ----------------------------------------------------------------
-    def _on_grad(self, param: torch.nn.Parameter) -> None:
-        # runs once per parameter and step: kept to a few lookups
-        bucket, i, view = self._arrivals[id(param)]
-        grad = param.grad
-        if grad is not view and grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)   # replaced (zero_grad(set_to_none=True)): copied in once
-            param.grad = view
-        arrived = bucket.arrived
-        if arrived[i]:
-            self._accumulated = True
-            return
-        arrived[i] = True
-        if _loss_divided_by == self.size:
-            bucket.shares[i] = True
-            bucket.divided += 1
-        bucket.ready += 1
-        if bucket.ready == bucket.n:
-            self._complete(bucket)
-        if self._pending:
-            self.transport.poke(self._pending)
+    def _hook(self, bucket: _Bucket, i: int, view: torch.Tensor):
+        """The backward hook of ``bucket``'s ``i``-th parameter, whose gradient lives in
+        ``view``. It runs once per parameter and step, so it is a closure over what it needs
+        (no lookup by parameter) and does a few comparisons and stores."""
+        arrived, n, share = bucket.arrived, bucket.n, SHARE_OF + self.size
+        poke = self.overlap and self.progress == "nonblocking"   # requests to poke
 
-    def _complete(self, bucket: _Bucket) -> None:
+        def on_grad(param: torch.nn.Parameter) -> None:
+            grad = param.grad
+            if grad is not view and grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)   # replaced (zero_grad(set_to_none=True)): copied in once
+                param.grad = view
+            if arrived[i]:
+                self._accumulated = True
+                return
+            arrived[i] = SHARE_OF + _loss_divided_by   # == share: a share of the mean
+            ready = bucket.ready + 1
+            bucket.ready = ready
+            if ready == n:
+                self._complete(bucket, share)
+            if poke and self._pending:
+                self.transport.poke(self._pending)
+        return on_grad
+
+    def _on_grad(self, param: torch.nn.Parameter) -> None:
+        """What backward does when ``param``'s gradient is final: its hook."""
+        self._hook_of[id(param)](param)
+
+    def _complete(self, bucket: _Bucket, share: int) -> None:
         """This rank's gradients of ``bucket`` are final: scale them to its share of the mean
-        (while backward just wrote them, unless the loss was divided) and, overlapping,
-        reduce them now."""
+        (while backward just wrote them; not those whose ``arrived`` is ``share``: their
+        loss was divided) and, overlapping, reduce them now."""
         start = time.perf_counter()
-        if bucket.divided == 0:
+        shares = bucket.arrived.count(share)
+        if shares == 0:
             bucket.flat.div_(self.size)
-        elif bucket.divided < len(bucket.params):   # some came from a divided loss
-            for view, share in zip(bucket.views, bucket.shares):
-                if not share:
+        elif shares < bucket.n:   # some came from a divided loss
+            for view, how in zip(bucket.views, bucket.arrived):
+                if how != share:
                     view.div_(self.size)
         if self.overlap:
             if bucket.stream is not None:
@@ -732,6 +745,8 @@ class GradAllreducer:
         """``pieces`` with consecutive ones of a stream joined, where that leaves the calls the
         same (the chunk is at most the transport's largest call, or a multiple of it): one
         transport call, with no Python between its MPI calls but the loop's, for several."""
+        if len(pieces) < 2:
+            return pieces
         out: list[tuple] = []
         for stream, lo, hi, chunk in pieces:
             step = self._largest_call(stream.flat.element_size())
@@ -783,9 +798,8 @@ class GradAllreducer:
         global _loss_divided_by
         outer, _loss_divided_by = _loss_divided_by, self.size if loss_divided else 0
         try:
-            for bucket in self.buckets:
-                for p in bucket.params:
-                    self._on_grad(p)
+            for p, hook in self._hooks:
+                hook(p)
         finally:
             _loss_divided_by = outer
 
@@ -803,7 +817,7 @@ class GradAllreducer:
             if bucket.ready < len(bucket.params):   # never completed: pack, scale, reduce
                 self._pack(bucket)
                 bucket.ready = len(bucket.params)
-                self._complete(bucket)
+                self._complete(bucket, SHARE_OF + self.size)
         if self._pending:
             self.transport.wait_all(self._pending)
         elif not self.overlap:
