@@ -11,11 +11,13 @@ the same with ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in
 ``replay_backward()`` calls every parameter's backward hook in bucket order, as a backward
 whose loss ``GradAllreducer.backward`` divided by the world size would, then
 ``synchronize()``; the engine's first steps, which try its call sizes, run before the
-warm-up round. "raw" is one float32 buffer of the same bytes, on transparent huge pages as
-the engine's arena (``hostmem.huge_zeros``), reduced by one
-``MPI_Allreduce`` of the whole buffer or by consecutive ``MPI_Allreduce`` calls of ``chunk``
-bytes (``--chunks``); the best of those settings (by median) is the baseline. Trials
-alternate (A B B A ...), the first round is warm-up. Row: raw time ÷ fused time = fused
+warm-up round (trials that run again during the measured ones, when the chosen size slowed
+down, are part of the fused time; each launch's count is in ``retunes``). "raw" is one
+float32 buffer of the same bytes, on transparent huge pages as the engine's arena
+(``hostmem.huge_zeros``), reduced by one ``MPI_Allreduce`` of the whole buffer or by
+consecutive ``MPI_Allreduce`` calls of ``chunk`` bytes (``--chunks``); the best of those
+settings (by median) is the baseline. Trials alternate (A B B A ...), the first round is
+warm-up. Row: raw time ÷ fused time = fused
 bandwidth ÷ raw bandwidth (target >= 0.95). Each fused side has its own copy of the model (a
 gradient is a view into one reducer's bucket). Diagnostic sides, never baselines, say where
 a gap goes: the fused step with the gradients divided in the hooks (a loss not divided, the
@@ -185,6 +187,8 @@ def _as_rank(args: argparse.Namespace) -> int:
                      "calibrated_call_bytes": {
                          side: [st.calibrated * st.flat.element_size() for st in r.streams]
                          for side, r in (("fused", reducer), ("fused blocking", blocking))},
+                     "retunes": {side: r.retunes for side, r in (("fused", reducer),
+                                                                 ("fused blocking", blocking))},
                      "calls_per_trial": calls, "seconds": values}
         for r in (reducer, blocking, in_hooks, idle):
             r.close()
@@ -330,6 +334,7 @@ def main() -> int:
                 "largest_call_bytes": CHUNK_BYTES,
                 "progress": {n: r["progress"] for n, r in runs[0].items()},
                 "call_bytes_chosen": {n: [run[n]["call_bytes"] for run in runs] for n in runs[0]},
+                "retunes": {n: [run[n].get("retunes") for run in runs] for n in runs[0]},
                 "calls_per_trial": {n: [run[n]["calls_per_trial"] for run in runs]
                                     for n in runs[0]}}
     path = write_result("allreduce_bw", info, rows, {"launches": runs}, settings,

@@ -534,6 +534,65 @@ def test_a_size_replaces_the_calibrated_one_only_by_the_margin():
     assert tuned(0.98) == 1 and tuned(0.90) == 2
 
 
+def test_a_watch_calls_a_size_slow_only_past_both_the_factor_and_the_floor():
+    """_Watch says nothing before WATCH_STEPS steps, then whether their median exceeds the
+    trials' median by RETUNE_FACTOR and by RETUNE_FLOOR_S: 1.4x of 10 ms is not slow, 1.6x
+    is; 9x of 0.1 ms (0.8 ms longer) is not, 12x (1.1 ms longer) is."""
+    from hpcai.training.allreduce import RETUNE_FACTOR, RETUNE_FLOOR_S, WATCH_STEPS, _Watch
+
+    assert (RETUNE_FACTOR, RETUNE_FLOOR_S) == (1.5, 1e-3)
+
+    def verdict(expected: float, seconds: float) -> bool:
+        watch = _Watch(expected)
+        said = [watch.record(seconds) for _ in range(WATCH_STEPS)]
+        assert said[:-1] == [None] * (WATCH_STEPS - 1) and watch.seconds == []
+        return said[-1]
+
+    assert verdict(10e-3, 14e-3) is False and verdict(10e-3, 16e-3) is True
+    assert verdict(1e-4, 9e-4) is False and verdict(1e-4, 1.2e-3) is True
+
+
+@pytest.mark.parametrize("later", [3 * 2**19, 2**18],
+                         ids=["chosen-size-slows", "unchanged (control)"])
+def test_the_sizes_are_tried_again_once_the_chosen_one_slows_down(later):
+    """After the trials chose 1 MiB calls (the fast ones), the machine changes: only
+    whole-arena calls stay fast. WATCH_STEPS steps later every rank agrees to run the trials
+    again, with the size in use as the one to beat, and they end on the whole arena. In the
+    control 1 MiB calls stay fast: no new trials, and the reducer agrees nothing but the
+    watch's verdict."""
+    import torch
+
+    from hpcai.training.allreduce import WATCH_STEPS, GradAllreducer
+
+    big = torch.nn.Linear(1024, 1536, bias=False)
+    rec = _Slow(2**18)
+    reducer = GradAllreducer(big, rec)
+    rec.reducer = reducer
+    (stream,) = reducer.streams
+
+    def step() -> None:
+        big.weight.grad.fill_(1.0)
+        reducer.replay_backward()
+        reducer.synchronize()
+
+    while reducer.tuning:
+        step()
+    assert stream.chunk == 2**18 and stream.watch is not None and reducer.retunes == 0
+    agreed = len(rec.agreed)
+    rec.fast = later
+    for _ in range(WATCH_STEPS):
+        step()
+    assert rec.agreed[agreed:] == [later != 2**18]
+    if later == 2**18:
+        assert not reducer.tuning and reducer.retunes == 0 and stream.chunk == 2**18
+    else:
+        assert reducer.tuning and reducer.retunes == 1 and stream.baseline == 2**18
+        while reducer.tuning:
+            step()
+        assert stream.chunk == later and rec.agreed[-1] == later and reducer.retunes == 1
+    reducer.close()
+
+
 @pytest.fixture(scope="module")
 def mpich_streamed(tmp_path_factory):
     """streamed_allreduce.py --call-mb 0.3 as a 2-rank MPICH job (one_job.py, one part)."""

@@ -253,7 +253,10 @@ class _Stream:
     sent: int = 0             # elements reduced
     call_s: float = 0.0       # seconds in this step's calls
     calibrated: int = 0       # the chunk chosen when the reducer was made
-    tuner: "_Tuner | None" = None   # while the first steps try the candidate sizes
+    tuner: "_Tuner | None" = None   # while steps try the candidate sizes
+    sizes: list[int] = field(default_factory=list)   # the candidate sizes
+    baseline: int = 0         # the size the trials must beat by TUNE_MARGIN
+    watch: "_Watch | None" = None   # after the trials: whether the chosen size slows down
     host: "np.ndarray | None" = None   # ``flat`` as NumPy, for a transport's blocking_host
 
     def reset(self) -> None:
@@ -289,14 +292,40 @@ class _Tuner:
             return None
         return self.schedule[self.step] or chunk
 
+    def median(self, n: int) -> float:
+        """The median seconds of the steps that used size ``n``."""
+        return _median(self.seconds[n])
+
     def best(self, calibrated: int) -> int:
-        def median(n: int) -> float:
-            values = sorted(self.seconds[n])
-            return values[len(values) // 2]
-        fastest = min(self.sizes, key=median)
-        if median(fastest) < (1 - TUNE_MARGIN) * median(calibrated):
+        fastest = min(self.sizes, key=self.median)
+        if self.median(fastest) < (1 - TUNE_MARGIN) * self.median(calibrated):
             return fastest
         return calibrated
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+class _Watch:
+    """After the trials, whether the chosen size has slowed down: ``expected`` is its median
+    seconds in the trials; :meth:`record` takes each step's seconds and, every
+    :data:`WATCH_STEPS` steps, says whether their median exceeded ``expected`` by both
+    :data:`RETUNE_FACTOR` and :data:`RETUNE_FLOOR_S`."""
+
+    def __init__(self, expected: float) -> None:
+        self.expected = expected
+        self.seconds: list[float] = []
+
+    def record(self, seconds: float) -> bool | None:
+        """None until :data:`WATCH_STEPS` steps are in; then the verdict, and a new count."""
+        self.seconds.append(seconds)
+        if len(self.seconds) < WATCH_STEPS:
+            return None
+        now = _median(self.seconds)
+        self.seconds = []
+        return now > RETUNE_FACTOR * self.expected and now - self.expected > RETUNE_FLOOR_S
 
 
 class _CommThread:
@@ -394,6 +423,15 @@ CALIBRATION_ROUNDS = 3
 TUNE_WARMUP = 1
 TUNE_ROUNDS = 5
 TUNE_MARGIN = 0.05
+# The chosen size can go slow later while another stays fast (the same Open MPI runs: in 5
+# of 24 launches the size the first steps chose took 28-31 ms per exchange during the
+# trials, where 16 MB calls took 13-17 ms). So after the trials every WATCH_STEPS steps
+# rank 0 compares the median of those steps with the chosen size's median in the trials
+# (_Watch); when it is RETUNE_FACTOR slower and RETUNE_FLOOR_S longer, every rank runs the
+# trials again (one agree per WATCH_STEPS steps; the size in use is then the one to beat).
+WATCH_STEPS = 16
+RETUNE_FACTOR = 1.5
+RETUNE_FLOOR_S = 1e-3
 
 
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
@@ -502,8 +540,9 @@ class GradAllreducer:
     tried :data:`CALIBRATION_ROUNDS` times each on every rank; rank 0's choice holds), and
     then of the size with which the first training steps spent the least time in their calls
     (with ``thread``: waited least on the main thread) (:class:`_Tuner`; :attr:`tuning` says
-    whether they are still trying). Making such a reducer, and each
-    ``synchronize``, is then collective: every rank makes it.
+    whether they are still trying). Those steps run again when the chosen size slows down
+    later (:class:`_Watch`; :attr:`retunes` counts how often). Making such a reducer, and
+    each ``synchronize``, is then collective: every rank makes it.
     """
 
     def __init__(self, module: torch.nn.Module, transport, *,
@@ -531,6 +570,7 @@ class GradAllreducer:
         self._pending: list = []
         self._accumulated = False
         self._hook_wait = 0.0   # the main thread's seconds in this step's hooks
+        self.retunes = 0   # how often the streams' trials ran again (_Watch)
         self._handles = []
         if self.size > 1:
             self._handles = [p.register_post_accumulate_grad_hook(hook)
@@ -569,6 +609,7 @@ class GradAllreducer:
             chunk = min(chunk, arena.numel())
             stream = _Stream(arena, mine, chunk, calibrated=chunk,
                              tuner=_Tuner(sizes) if len(sizes) > 1 else None,
+                             sizes=sizes, baseline=chunk,
                              host=arena.numpy() if hasattr(self.transport, "blocking_host")
                              else None)
             for bucket in mine:
@@ -836,22 +877,35 @@ class GradAllreducer:
         # else the seconds in the stream's calls
         exposed = in_hooks + time.perf_counter() - start
         for stream in self.streams:
+            seconds = exposed if self._thread is not None else stream.call_s
             if stream.tuner is not None:
-                self._tune(stream, exposed if self._thread is not None else stream.call_s)
+                self._tune(stream, seconds)
+            elif stream.watch is not None:
+                self._watch(stream, seconds)
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
 
     def _tune(self, stream: _Stream, seconds: float) -> None:
         """Record this step's ``seconds``; set the next step's call size (:class:`_Tuner`)."""
-        chunk = stream.tuner.next_size(stream.chunk, seconds)
+        tuner = stream.tuner
+        chunk = tuner.next_size(stream.chunk, seconds)
         if chunk is None:   # the trials are over: rank 0's fastest, on every rank
-            chunk = self.transport.agree(stream.tuner.best(stream.calibrated))
-            stream.tuner = None
+            chunk = self.transport.agree(tuner.best(stream.baseline))
+            stream.tuner, stream.watch = None, _Watch(tuner.median(chunk))
         stream.chunk = chunk
+
+    def _watch(self, stream: _Stream, seconds: float) -> None:
+        """Record this step's ``seconds``; every :data:`WATCH_STEPS` steps, rank 0's verdict
+        on every rank (:class:`_Watch`): if the size in use slowed down, try the sizes again."""
+        slow = stream.watch.record(seconds)
+        if slow is not None and self.transport.agree(slow):
+            stream.tuner, stream.watch, stream.baseline = _Tuner(stream.sizes), None, stream.chunk
+            self.retunes += 1
 
     @property
     def tuning(self) -> bool:
-        """Whether a stream's call size is still being chosen (the first steps)."""
+        """Whether a stream's call size is being chosen (the first steps, and again after the
+        size in use slowed down: :class:`_Watch`)."""
         return any(stream.tuner is not None for stream in self.streams)
 
     def _reset(self) -> None:
