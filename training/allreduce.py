@@ -685,7 +685,7 @@ class GradAllreducer:
         """The backward hook of ``bucket``'s ``i``-th parameter, whose gradient lives in
         ``view``. It runs once per parameter and step, so it is a closure over what it needs
         (no lookup by parameter) and does a few comparisons and stores."""
-        arrived, n, share = bucket.arrived, bucket.n, SHARE_OF + self.size
+        arrived, n = bucket.arrived, bucket.n
         poke = self.overlap and self.progress == "nonblocking"   # requests to poke
 
         def on_grad(param: torch.nn.Parameter) -> None:
@@ -696,11 +696,11 @@ class GradAllreducer:
             if arrived[i]:
                 self._accumulated = True
                 return
-            arrived[i] = SHARE_OF + _loss_divided_by   # == share: a share of the mean
+            arrived[i] = SHARE_OF + _loss_divided_by   # SHARE_OF + size: a share of the mean
             ready = bucket.ready + 1
             bucket.ready = ready
             if ready == n:
-                self._complete(bucket, share)
+                self._complete(bucket)
             if poke and self._pending:
                 self.transport.poke(self._pending)
         return on_grad
@@ -709,11 +709,12 @@ class GradAllreducer:
         """What backward does when ``param``'s gradient is final: its hook."""
         self._hook_of[id(param)](param)
 
-    def _complete(self, bucket: _Bucket, share: int) -> None:
+    def _complete(self, bucket: _Bucket) -> None:
         """This rank's gradients of ``bucket`` are final: scale them to its share of the mean
-        (while backward just wrote them; not those whose ``arrived`` is ``share``: their
-        loss was divided) and, overlapping, reduce them now."""
+        (while backward just wrote them; not those that arrived from a loss divided by the
+        world size: already a share) and, overlapping, reduce them now."""
         start = time.perf_counter()
+        share = SHARE_OF + self.size
         shares = bucket.arrived.count(share)
         if shares == 0:
             bucket.flat.div_(self.size)
@@ -858,7 +859,7 @@ class GradAllreducer:
             if bucket.ready < len(bucket.params):   # never completed: pack, scale, reduce
                 self._pack(bucket)
                 bucket.ready = len(bucket.params)
-                self._complete(bucket, SHARE_OF + self.size)
+                self._complete(bucket)
         if self._pending:
             self.transport.wait_all(self._pending)
         elif not self.overlap:
