@@ -593,6 +593,58 @@ def test_the_sizes_are_tried_again_once_the_chosen_one_slows_down(later):
     reducer.close()
 
 
+def test_a_size_found_slow_counts_as_slow_in_later_trials():
+    """A size's score is its median in the trials, or the median of the watched steps that
+    found it slow, whichever is longer: 1.0 s in the trials but 3.0 s when watched loses to
+    another size's 1.5 s; without that record (the control) it wins."""
+    from hpcai.training.allreduce import _Tuner
+
+    tuner = _Tuner([1, 2])
+    tuner.seconds = {1: [1.0, 1.0, 1.0], 2: [1.5] * 3}
+    assert tuner.score(1, {1: 3.0}) == 3.0 and tuner.score(2, {1: 3.0}) == 1.5
+    assert tuner.best(calibrated=1, slow={1: 3.0}) == 2
+    assert tuner.best(calibrated=1, slow={}) == 1 and tuner.best(calibrated=1) == 1
+
+
+@pytest.mark.parametrize("remember", [True, False], ids=["remembered", "forgotten (control)"])
+def test_a_retune_passes_over_the_size_that_went_slow_even_if_fast_again(remember):
+    """1 MiB calls are chosen, then go slow (3 ms per call: 18 ms per step): the watch fires
+    and records that median for 1 MiB. During the new trials 1 MiB calls are fast again, but
+    the trials choose the whole arena (3 ms per step), the least worst state seen. In the
+    control the record is dropped before the trials end, and they choose 1 MiB again."""
+    import torch
+
+    from hpcai.training.allreduce import WATCH_STEPS, GradAllreducer
+
+    big = torch.nn.Linear(1024, 1536, bias=False)
+    rec = _Slow(2**18)
+    reducer = GradAllreducer(big, rec)
+    rec.reducer = reducer
+    (stream,) = reducer.streams
+
+    def step() -> None:
+        big.weight.grad.fill_(1.0)
+        reducer.replay_backward()
+        reducer.synchronize()
+
+    while reducer.tuning:
+        step()
+    assert stream.chunk == 2**18 and stream.slow == {}
+    rec.fast = 3 * 2**19
+    for _ in range(WATCH_STEPS):
+        step()
+    assert reducer.retunes == 1 and set(stream.slow) == {2**18}
+    assert stream.slow[2**18] >= 6 * 3e-3
+    rec.fast = 2**18   # fast again, during the new trials
+    if not remember:
+        stream.slow.clear()
+    while reducer.tuning:
+        step()
+    assert stream.chunk == (3 * 2**19 if remember else 2**18)
+    assert stream.watch.expected < 6 * 3e-3   # the chosen size's own score
+    reducer.close()
+
+
 @pytest.fixture(scope="module")
 def mpich_streamed(tmp_path_factory):
     """streamed_allreduce.py --call-mb 0.3 as a 2-rank MPICH job (one_job.py, one part)."""

@@ -257,6 +257,8 @@ class _Stream:
     sizes: list[int] = field(default_factory=list)   # the candidate sizes
     baseline: int = 0         # the size the trials must beat by TUNE_MARGIN
     watch: "_Watch | None" = None   # after the trials: whether the chosen size slows down
+    # per size, the worst median of WATCH_STEPS steps in which the watch found it slow
+    slow: dict[int, float] = field(default_factory=dict)
     host: "np.ndarray | None" = None   # ``flat`` as NumPy, for a transport's blocking_host
 
     def reset(self) -> None:
@@ -271,7 +273,8 @@ class _Tuner:
     communication thread, the main thread's wait for gradients in that step). Then, on
     every rank (one ``agree``), rank 0's size with the least median, if that median is at
     least :data:`TUNE_MARGIN` below the median of the calibrated size; else the calibrated
-    size. The schedule is a function of the step count alone, so every rank uses the same
+    size. A size's median counts as at least its ``slow`` entry (the worst the watch saw of
+    it). The schedule is a function of the step count alone, so every rank uses the same
     size at every step."""
 
     def __init__(self, sizes: list[int]) -> None:
@@ -296,9 +299,16 @@ class _Tuner:
         """The median seconds of the steps that used size ``n``."""
         return _median(self.seconds[n])
 
-    def best(self, calibrated: int) -> int:
-        fastest = min(self.sizes, key=self.median)
-        if self.median(fastest) < (1 - TUNE_MARGIN) * self.median(calibrated):
+    def score(self, n: int, slow: dict[int, float]) -> float:
+        """Size ``n``'s median seconds, or its worst seen by the watch (``slow``) if longer."""
+        return max(self.median(n), slow.get(n, 0.0))
+
+    def best(self, calibrated: int, slow: dict[int, float] | None = None) -> int:
+        """The size with the least :meth:`score`, if :data:`TUNE_MARGIN` below the
+        calibrated size's; else the calibrated size."""
+        slow = slow or {}
+        fastest = min(self.sizes, key=lambda n: self.score(n, slow))
+        if self.score(fastest, slow) < (1 - TUNE_MARGIN) * self.score(calibrated, slow):
             return fastest
         return calibrated
 
@@ -317,13 +327,14 @@ class _Watch:
     def __init__(self, expected: float) -> None:
         self.expected = expected
         self.seconds: list[float] = []
+        self.last = 0.0   # the median of the last WATCH_STEPS steps
 
     def record(self, seconds: float) -> bool | None:
         """None until :data:`WATCH_STEPS` steps are in; then the verdict, and a new count."""
         self.seconds.append(seconds)
         if len(self.seconds) < WATCH_STEPS:
             return None
-        now = _median(self.seconds)
+        now = self.last = _median(self.seconds)
         self.seconds = []
         return now > RETUNE_FACTOR * self.expected and now - self.expected > RETUNE_FLOOR_S
 
@@ -429,6 +440,10 @@ TUNE_MARGIN = 0.05
 # rank 0 compares the median of those steps with the chosen size's median in the trials
 # (_Watch); when it is RETUNE_FACTOR slower and RETUNE_FLOOR_S longer, every rank runs the
 # trials again (one agree per WATCH_STEPS steps; the size in use is then the one to beat).
+# A size can flip back and forth between a fast and a slow state (the same runs: a re-tune
+# chose a size that was fast in the new trials and slow again later), so a size the watch
+# found slow keeps that median as its score in every later trial where it is lower
+# (_Stream.slow): later trials choose the size whose worst state seen is the least.
 WATCH_STEPS = 16
 RETUNE_FACTOR = 1.5
 RETUNE_FLOOR_S = 1e-3
@@ -541,7 +556,8 @@ class GradAllreducer:
     then of the size with which the first training steps spent the least time in their calls
     (with ``thread``: waited least on the main thread) (:class:`_Tuner`; :attr:`tuning` says
     whether they are still trying). Those steps run again when the chosen size slows down
-    later (:class:`_Watch`; :attr:`retunes` counts how often). Making such a reducer, and
+    later (:class:`_Watch`; :attr:`retunes` counts how often), and from then on that size
+    counts as no faster than it was then. Making such a reducer, and
     each ``synchronize``, is then collective: every rank makes it.
     """
 
@@ -891,15 +907,18 @@ class GradAllreducer:
         tuner = stream.tuner
         chunk = tuner.next_size(stream.chunk, seconds)
         if chunk is None:   # the trials are over: rank 0's fastest, on every rank
-            chunk = self.transport.agree(tuner.best(stream.baseline))
-            stream.tuner, stream.watch = None, _Watch(tuner.median(chunk))
+            chunk = self.transport.agree(tuner.best(stream.baseline, stream.slow))
+            stream.tuner, stream.watch = None, _Watch(tuner.score(chunk, stream.slow))
         stream.chunk = chunk
 
     def _watch(self, stream: _Stream, seconds: float) -> None:
         """Record this step's ``seconds``; every :data:`WATCH_STEPS` steps, rank 0's verdict
-        on every rank (:class:`_Watch`): if the size in use slowed down, try the sizes again."""
-        slow = stream.watch.record(seconds)
+        on every rank (:class:`_Watch`): if the size in use slowed down, remember how slow
+        (``stream.slow``, rank 0's counts) and try the sizes again."""
+        watch = stream.watch
+        slow = watch.record(seconds)
         if slow is not None and self.transport.agree(slow):
+            stream.slow[stream.chunk] = max(stream.slow.get(stream.chunk, 0.0), watch.last)
             stream.tuner, stream.watch, stream.baseline = _Tuner(stream.sizes), None, stream.chunk
             self.retunes += 1
 
