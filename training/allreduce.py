@@ -319,8 +319,9 @@ def _median(values: list[float]) -> float:
 
 
 class _Watch:
-    """After the trials, whether the chosen size has slowed down: ``expected`` is its median
-    seconds in the trials; :meth:`record` takes each step's seconds and, every
+    """After the trials, whether the chosen size has slowed down: ``expected`` is its score
+    (:meth:`_Tuner.score`: its median in the trials, or the slowest the watch saw of it);
+    :meth:`record` takes each step's seconds and, every
     :data:`WATCH_STEPS` steps, says whether their median exceeded ``expected`` by both
     :data:`RETUNE_FACTOR` and :data:`RETUNE_FLOOR_S`."""
 
@@ -437,7 +438,7 @@ TUNE_MARGIN = 0.05
 # The chosen size can go slow later while another stays fast (the same Open MPI runs: in 5
 # of 24 launches the size the first steps chose took 28-31 ms per exchange during the
 # trials, where 16 MB calls took 13-17 ms). So after the trials every WATCH_STEPS steps
-# rank 0 compares the median of those steps with the chosen size's median in the trials
+# rank 0 compares the median of those steps with the chosen size's score in the trials
 # (_Watch); when it is RETUNE_FACTOR slower and RETUNE_FLOOR_S longer, every rank runs the
 # trials again (one agree per WATCH_STEPS steps; the size in use is then the one to beat).
 # A size can flip back and forth between a fast and a slow state (the same runs: a re-tune
