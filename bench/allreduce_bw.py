@@ -12,7 +12,8 @@ the same with ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in
 whose loss ``GradAllreducer.backward`` divided by the world size would, then
 ``synchronize()``; the engine's first steps, which try its call sizes, run before the
 warm-up round (trials that run again during the measured ones, when the chosen size slowed
-down, are part of the fused time; each launch's count is in ``retunes``). "raw" is one
+down, are part of the fused time; each launch's count is in ``retunes``, and rank 0's
+medians per size in each round of trials in ``tuner_rounds``). "raw" is one
 float32 buffer of the same bytes, on transparent huge pages as the engine's arena
 (``hostmem.huge_zeros``), reduced by one ``MPI_Allreduce`` of the whole buffer or by
 consecutive ``MPI_Allreduce`` calls of ``chunk`` bytes (``--chunks``); the best of those
@@ -189,12 +190,24 @@ def _as_rank(args: argparse.Namespace) -> int:
                          for side, r in (("fused", reducer), ("fused blocking", blocking))},
                      "retunes": {side: r.retunes for side, r in (("fused", reducer),
                                                                  ("fused blocking", blocking))},
+                     # rank 0's rounds of trials (its choice holds): ms per call size in bytes
+                     "tuner_rounds": {side: [_rounds(st) for st in r.streams]
+                                      for side, r in (("fused", reducer),
+                                                      ("fused blocking", blocking))},
                      "calls_per_trial": calls, "seconds": values}
         for r in (reducer, blocking, in_hooks, idle):
             r.close()
     if comm.rank == 0:
         print(json.dumps(out))
     return 0
+
+
+def _rounds(stream) -> list[dict]:
+    """A stream's rounds of trials (``_Stream.rounds``) in bytes and milliseconds."""
+    item = stream.flat.element_size()
+    return [{"median_ms": {n * item: round(s * 1e3, 3) for n, s in r["median_s"].items()},
+             "score_ms": {n * item: round(s * 1e3, 3) for n, s in r["score_s"].items()},
+             "chose_bytes": r["chose"] * item} for r in stream.rounds]
 
 
 class _Idle:

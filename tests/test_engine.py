@@ -642,6 +642,10 @@ def test_a_retune_passes_over_the_size_that_went_slow_even_if_fast_again(remembe
         step()
     assert stream.chunk == (3 * 2**19 if remember else 2**18)
     assert stream.watch.expected < 6 * 3e-3   # the chosen size's own score
+    first, again = stream.rounds   # what each round of trials saw, and chose
+    assert first["chose"] == 2**18 and again["chose"] == stream.chunk
+    assert again["median_s"][2**18] < 3e-3 <= again["median_s"][3 * 2**19]
+    assert (again["score_s"][2**18] >= 6 * 3e-3) == remember
     reducer.close()
 
 

@@ -259,6 +259,8 @@ class _Stream:
     watch: "_Watch | None" = None   # after the trials: whether the chosen size slows down
     # per size, the worst median of WATCH_STEPS steps in which the watch found it slow
     slow: dict[int, float] = field(default_factory=dict)
+    # per round of trials, on this rank: each size's median and score, and the size agreed
+    rounds: list[dict] = field(default_factory=list)
     host: "np.ndarray | None" = None   # ``flat`` as NumPy, for a transport's blocking_host
 
     def reset(self) -> None:
@@ -910,6 +912,9 @@ class GradAllreducer:
         if chunk is None:   # the trials are over: rank 0's fastest, on every rank
             chunk = self.transport.agree(tuner.best(stream.baseline, stream.slow))
             stream.tuner, stream.watch = None, _Watch(tuner.score(chunk, stream.slow))
+            stream.rounds.append({"median_s": {n: tuner.median(n) for n in tuner.sizes},
+                                  "score_s": {n: tuner.score(n, stream.slow)
+                                              for n in tuner.sizes}, "chose": chunk})
         stream.chunk = chunk
 
     def _watch(self, stream: _Stream, seconds: float) -> None:
