@@ -552,17 +552,12 @@ def test_a_watch_calls_a_size_slow_only_past_both_the_factor_and_the_floor():
     assert verdict(1e-4, 9e-4) is False and verdict(1e-4, 1.2e-3) is True
 
 
-@pytest.mark.parametrize("later", [3 * 2**19, 2**18],
-                         ids=["chosen-size-slows", "unchanged (control)"])
-def test_the_sizes_are_tried_again_once_the_chosen_one_slows_down(later):
-    """After the trials chose 1 MiB calls (the fast ones), the machine changes: only
-    whole-arena calls stay fast. WATCH_STEPS steps later every rank agrees to run the trials
-    again, with the size in use as the one to beat, and they end on the whole arena. In the
-    control 1 MiB calls stay fast: no new trials, and the reducer agrees nothing but the
-    watch's verdict."""
+def _tuned_on_1mib():
+    """A reducer of a 6 MiB linear layer over :class:`_Slow` (1 MiB calls fast), after its
+    first trials; with its recorder, stream and a function making one step."""
     import torch
 
-    from hpcai.training.allreduce import WATCH_STEPS, GradAllreducer
+    from hpcai.training.allreduce import GradAllreducer
 
     big = torch.nn.Linear(1024, 1536, bias=False)
     rec = _Slow(2**18)
@@ -577,6 +572,20 @@ def test_the_sizes_are_tried_again_once_the_chosen_one_slows_down(later):
 
     while reducer.tuning:
         step()
+    return reducer, rec, stream, step
+
+
+@pytest.mark.parametrize("later", [3 * 2**19, 2**18],
+                         ids=["chosen-size-slows", "unchanged (control)"])
+def test_the_sizes_are_tried_again_once_the_chosen_one_slows_down(later):
+    """After the trials chose 1 MiB calls (the fast ones), the machine changes: only
+    whole-arena calls stay fast. WATCH_STEPS steps later every rank agrees to run the trials
+    again, with the size in use as the one to beat, and they end on the whole arena. In the
+    control 1 MiB calls stay fast: no new trials, and the reducer agrees nothing but the
+    watch's verdict."""
+    from hpcai.training.allreduce import WATCH_STEPS
+
+    reducer, rec, stream, step = _tuned_on_1mib()
     assert stream.chunk == 2**18 and stream.watch is not None and reducer.retunes == 0
     agreed = len(rec.agreed)
     rec.fast = later
@@ -612,23 +621,9 @@ def test_a_retune_passes_over_the_size_that_went_slow_even_if_fast_again(remembe
     and records that median for 1 MiB. During the new trials 1 MiB calls are fast again, but
     the trials choose the whole arena (3 ms per step), the least worst state seen. In the
     control the record is dropped before the trials end, and they choose 1 MiB again."""
-    import torch
+    from hpcai.training.allreduce import WATCH_STEPS
 
-    from hpcai.training.allreduce import WATCH_STEPS, GradAllreducer
-
-    big = torch.nn.Linear(1024, 1536, bias=False)
-    rec = _Slow(2**18)
-    reducer = GradAllreducer(big, rec)
-    rec.reducer = reducer
-    (stream,) = reducer.streams
-
-    def step() -> None:
-        big.weight.grad.fill_(1.0)
-        reducer.replay_backward()
-        reducer.synchronize()
-
-    while reducer.tuning:
-        step()
+    reducer, rec, stream, step = _tuned_on_1mib()
     assert stream.chunk == 2**18 and stream.slow == {}
     rec.fast = 3 * 2**19
     for _ in range(WATCH_STEPS):
