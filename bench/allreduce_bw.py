@@ -28,7 +28,9 @@ sizes in separate ``torch.zeros`` buffers (no huge pages). Each row's note gives
 medians, and each launch's best raw median: on a VM the same bytes can take several times
 longer in one launch than in another. A reported row (no target) per fused side divides
 the ceiling of an engine whose hooks run in Python (its own work with a transport that
-sends nothing, then the fastest raw setting's calls, in one trial) by the fused time.
+sends nothing, then the fastest raw setting's calls, in one trial) by the fused time, and
+one per model divides the best raw time by that ceiling's: the most a target row can reach
+with the hooks in Python.
 
 Each launch is a fresh 2-rank job of ``--trials`` trials per side. Launches go on until
 every row's 95 % interval lies on one side of the target, at least ``--runs`` and at most
@@ -277,6 +279,13 @@ def _rows(runs: list[dict]) -> list[Row]:
                 f"raw setting's calls) ÷ fused time",
                 "", None, [(res["seconds"][DIAG_PYTHON_RAW], res["seconds"][fused])
                            for res in results]))
+        # what the target rows can reach at best with hooks in Python: that ceiling ÷ raw
+        rows.append(Row.across_runs(
+            f"allreduce-{name}-hooks-ceiling-vs-raw",
+            f"{name} gradients: the ceiling of an engine with per-tensor Python hooks (its own "
+            f"work with a transport that sends nothing, then the fastest raw setting's calls): "
+            f"bandwidth ÷ best raw MPI_Allreduce ({best})", "", None,
+            [(res["seconds"][best], res["seconds"][DIAG_PYTHON_RAW]) for res in results]))
     return rows
 
 

@@ -591,7 +591,8 @@ def test_the_sizes_are_tried_again_once_the_chosen_one_slows_down(later):
     rec.fast = later
     for _ in range(WATCH_STEPS):
         step()
-    assert rec.agreed[agreed:] == [later != 2**18]
+    # the verdict: rank 0's contenders (4 MiB calls, 6 ms per step, are not one), or None
+    assert rec.agreed[agreed:] == [[2**18, later] if later != 2**18 else None]
     if later == 2**18:
         assert not reducer.tuning and reducer.retunes == 0 and stream.chunk == 2**18
     else:
@@ -642,6 +643,76 @@ def test_a_retune_passes_over_the_size_that_went_slow_even_if_fast_again(remembe
     assert again["median_s"][2**18] < 3e-3 <= again["median_s"][3 * 2**19]
     assert (again["score_s"][2**18] >= 6 * 3e-3) == remember
     reducer.close()
+
+
+@pytest.mark.parametrize("factor", [None, 3.0], ids=["default", "wider (control)"])
+def test_trials_run_again_only_for_the_contenders(factor, monkeypatch):
+    """The first trials saw 1 MiB calls at almost nothing, the whole arena at 3 ms and 4 MiB
+    calls at 6 ms per step (3 ms per call but 1 MiB's). 1 MiB calls then go slow (18 ms per
+    step): the new trials try 1 MiB (the size in use) and the whole arena, whose 3 ms is
+    within CONTENDER_FACTOR of the least, and leave 4 MiB calls out, 2x the least. In the
+    control the factor is 3, so 4 MiB calls are tried again too."""
+    from hpcai.training import allreduce
+    from hpcai.training.allreduce import TUNE_WARMUP, WATCH_STEPS
+
+    if factor is not None:
+        monkeypatch.setattr(allreduce, "CONTENDER_FACTOR", factor)
+    reducer, rec, stream, step = _tuned_on_1mib()
+    rec.fast = 3 * 2**19
+    for _ in range(WATCH_STEPS):
+        step()
+    tried = []
+    while reducer.tuning:
+        tried.append(stream.chunk)
+        step()
+    want = {2**18, 3 * 2**19} | ({2**20} if factor else set())
+    assert set(tried[TUNE_WARMUP:]) == want and set(stream.rounds[-1]["median_s"]) == want
+    assert stream.chunk == 3 * 2**19 and reducer.retunes == 1
+    reducer.close()
+
+
+@pytest.mark.parametrize("others_ms", [50.0, None], ids=["only-contender", "measured (control)"])
+def test_a_slow_size_that_is_still_the_only_contender_runs_no_trials(others_ms):
+    """1 MiB calls go slow (18 ms per step), but the last round saw every other size at
+    50 ms: 1 MiB is the only contender, so no trials run, and the watch expects its slow
+    median from then on. In the control the round's own medians stand (whole arena 3 ms):
+    the trials run."""
+    from hpcai.training.allreduce import WATCH_STEPS
+
+    reducer, rec, stream, step = _tuned_on_1mib()
+    if others_ms is not None:
+        scores = stream.rounds[-1]["score_s"]
+        for n in scores:
+            if n != 2**18:
+                scores[n] = others_ms / 1e3
+    rec.fast = 3 * 2**19
+    for _ in range(WATCH_STEPS):
+        step()
+    assert stream.slow[2**18] >= 6 * 3e-3
+    if others_ms is not None:
+        assert not reducer.tuning and reducer.retunes == 0 and stream.chunk == 2**18
+        assert stream.watch.expected == stream.slow[2**18]
+    else:
+        assert reducer.tuning and reducer.retunes == 1
+    reducer.close()
+
+
+def test_contenders_are_within_the_factor_of_the_least_score():
+    """_contenders scores the size in use at least at its slow median, keeps it always, and
+    keeps the others within CONTENDER_FACTOR of the least score, in the sizes' order."""
+    import torch
+
+    from hpcai.training.allreduce import CONTENDER_FACTOR, _contenders, _Stream
+
+    assert CONTENDER_FACTOR == 1.5
+    stream = _Stream(torch.zeros(8), [], chunk=2, sizes=[1, 2, 4, 8])
+    stream.rounds = [{"score_s": {1: 10.0, 2: 9.0, 4: 14.0, 8: 40.0}}]
+    assert _contenders(stream, now=30.0) == [1, 2, 4]   # least 10: up to 15
+    assert _contenders(stream, now=5.0) == [1, 2]       # 2 scored 9 (more than now): to 13.5
+    stream.rounds = [{"score_s": {1: 10.0, 2: 3.0, 4: 14.0, 8: 40.0}}]
+    assert _contenders(stream, now=6.0) == [2]          # least 6: up to 9, none of the others
+    stream.rounds = [{"score_s": {2: 9.0, 8: 11.0}}]    # 1 and 4 left out before
+    assert _contenders(stream, now=20.0) == [2, 8]
 
 
 @pytest.fixture(scope="module")

@@ -315,6 +315,18 @@ class _Tuner:
         return calibrated
 
 
+def _contenders(stream: _Stream, now: float) -> list[int]:
+    """The sizes of ``stream``'s last round of trials whose score is within
+    :data:`CONTENDER_FACTOR` of the least, the size in use (``stream.chunk``) scored at
+    least ``now`` (its median while the watch found it slow) and always included; in the
+    order of ``stream.sizes``."""
+    scores = dict(stream.rounds[-1]["score_s"])
+    scores[stream.chunk] = max(scores.get(stream.chunk, 0.0), now)
+    least = min(scores.values())
+    return [n for n in stream.sizes if n == stream.chunk
+            or (n in scores and scores[n] <= CONTENDER_FACTOR * least)]
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
@@ -359,6 +371,8 @@ class _CommThread:
         self._held = False        # take_over() is waiting: start no other piece
         self._closing = False
         self._error: BaseException | None = None
+        # pieces submitted since the last take_over (both run on the main thread only)
+        self._handed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hpcai-allreduce", daemon=True)
         self._thread.start()
@@ -387,13 +401,18 @@ class _CommThread:
 
     def submit(self, pieces) -> None:
         """Hand over ``pieces`` (each one MPI call), to be made in order."""
+        self._handed = True
         with self._cond:
             self._pending.extend(pieces)
             self._cond.notify_all()
 
     def take_over(self) -> list:
         """Wait for the piece being made, if any, and return those not yet started, in order
-        (the caller makes them); afterwards the thread is idle until the next submit."""
+        (the caller makes them); afterwards the thread is idle until the next submit.
+        Nothing handed over since the last take-over: nothing to wait for, no lock taken."""
+        if not self._handed:
+            return []
+        self._handed = False
         with self._cond:
             self._held = True
             while self._busy:
@@ -450,6 +469,15 @@ TUNE_MARGIN = 0.05
 WATCH_STEPS = 16
 RETUNE_FACTOR = 1.5
 RETUNE_FLOOR_S = 1e-3
+# Trials that run again try only the sizes that were contenders in the last round: a score
+# within CONTENDER_FACTOR of the least, the slow median of the size in use counted. The
+# first trials of every size ran inside a benchmark's measured steps when the watch fired
+# (bench/results/allreduce_bw-vm-20261201T060122.json, MPICH: 7 of 24 launches, each at
+# 0.49-0.83 of raw), and 64 MiB and whole-arena calls took 39-53 ms per step in every round
+# where 1, 4 and 16 MiB calls took 12-33 ms. A size left out is not tried again in that
+# reducer's life; where the size in use is the only contender, no trials run and the watch
+# expects its slow median from then on.
+CONTENDER_FACTOR = 1.5
 
 
 # The world size by which the running backward's loss was divided (GradAllreducer.backward):
@@ -559,8 +587,9 @@ class GradAllreducer:
     then of the size with which the first training steps spent the least time in their calls
     (with ``thread``: waited least on the main thread) (:class:`_Tuner`; :attr:`tuning` says
     whether they are still trying). Those steps run again when the chosen size slows down
-    later (:class:`_Watch`; :attr:`retunes` counts how often), and from then on that size
-    counts as no faster than it was then. Making such a reducer, and
+    later (:class:`_Watch`; :attr:`retunes` counts how often), for the sizes that were
+    contenders (:data:`CONTENDER_FACTOR`), and from then on that size counts as no faster
+    than it was then. Making such a reducer, and
     each ``synchronize``, is then collective: every rank makes it.
     """
 
@@ -824,8 +853,10 @@ class GradAllreducer:
     def _call(self, stream: _Stream, sent: int, end: int, chunk: int) -> None:
         """The blocking calls for ``stream.flat[sent:end]`` (on the comm thread, if any)."""
         start = time.perf_counter()
-        if stream.host is not None:
-            self.transport.blocking_host(stream.host[sent:end], chunk)
+        if stream.host is not None:   # the whole arena without a new view
+            host = stream.host
+            self.transport.blocking_host(host if end - sent == host.size else host[sent:end],
+                                         chunk)
         else:
             self.transport.blocking(stream.flat[sent:end], chunk)
         stream.call_s += time.perf_counter() - start
@@ -891,7 +922,8 @@ class GradAllreducer:
         if self._thread is not None:   # its calls come before the last ones, made here
             self._make_here(self._take_over())
         for stream in self.streams:
-            self._advance(stream, final=True)
+            if stream.sent < stream.flat.numel():   # else the last hook made every call
+                self._advance(stream, final=True)
         # what a stream's tuner compares: with a comm thread, the main thread's wait in this
         # step (a size that overlaps more can take longer in its calls and still wait less);
         # else the seconds in the stream's calls
@@ -920,13 +952,22 @@ class GradAllreducer:
     def _watch(self, stream: _Stream, seconds: float) -> None:
         """Record this step's ``seconds``; every :data:`WATCH_STEPS` steps, rank 0's verdict
         on every rank (:class:`_Watch`): if the size in use slowed down, remember how slow
-        (``stream.slow``, rank 0's counts) and try the sizes again."""
+        (``stream.slow``, rank 0's counts) and try the contenders again
+        (:func:`_contenders`), or, where it is the only one, only expect it that slow."""
         watch = stream.watch
         slow = watch.record(seconds)
-        if slow is not None and self.transport.agree(slow):
-            stream.slow[stream.chunk] = max(stream.slow.get(stream.chunk, 0.0), watch.last)
-            stream.tuner, stream.watch, stream.baseline = _Tuner(stream.sizes), None, stream.chunk
-            self.retunes += 1
+        if slow is None:
+            return
+        # one agree per verdict: rank 0's contenders when its watch fired, else None
+        sizes = self.transport.agree(_contenders(stream, watch.last) if slow else None)
+        if sizes is None:
+            return
+        stream.slow[stream.chunk] = max(stream.slow.get(stream.chunk, 0.0), watch.last)
+        if sizes == [stream.chunk]:   # still the least slow: no trials, a new expectation
+            stream.watch = _Watch(stream.slow[stream.chunk])
+            return
+        stream.tuner, stream.watch, stream.baseline = _Tuner(sizes), None, stream.chunk
+        self.retunes += 1
 
     @property
     def tuning(self) -> bool:
