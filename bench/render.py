@@ -193,7 +193,7 @@ SUMMARY = {   # benchmark: what its rows compare, for the README's one-line summ
 
 
 # Benchmarks run once per MPI: their blocks show every file of the newest file's commit.
-PER_MPI = {"allreduce_bw"}
+PER_MPI = {"allreduce_bw", "call_gap"}
 
 
 def _newest_commit(files: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
