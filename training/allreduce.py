@@ -472,9 +472,9 @@ RETUNE_FLOOR_S = 1e-3
 # Trials that run again try only the sizes that were contenders in the last round: a score
 # within CONTENDER_FACTOR of the least, the slow median of the size in use counted. The
 # first trials of every size ran inside a benchmark's measured steps when the watch fired
-# (bench/results/allreduce_bw-vm-20261201T060122.json, MPICH: 7 of 24 launches, each at
-# 0.49-0.83 of raw), and 64 MiB and whole-arena calls took 39-53 ms per step in every round
-# where 1, 4 and 16 MiB calls took 12-33 ms. A size left out is not tried again in that
+# (bench/allreduce_bw.py at 45c56cd, MPICH: 7 of 24 launches, each at 0.49-0.83 of raw;
+# that file is in git history), and 64 MiB and whole-arena calls took 39-53 ms per step in
+# every round where 1, 4 and 16 MiB calls took 12-33 ms. A size left out is not tried again in that
 # reducer's life; where the size in use is the only contender, no trials run and the watch
 # expects its slow median from then on.
 CONTENDER_FACTOR = 1.5
