@@ -6,14 +6,18 @@ back to back. An engine always does some work between two exchanges (its hooks a
 buffer on transparent huge pages (``hostmem.huge_zeros``) of the 3DGAN's gradient bytes
 (``--bytes``), reduced in place as the engine reduces it (one call, or calls of the family's
 largest size, ``allreduce.CHUNK_BYTES``). Sides: the calls back to back, and the calls each
-after ``g`` µs of busy work in Python on every rank (``--gaps``). A trial repeats the
+after ``g`` µs of busy work in Python on every rank (``--gaps``), and after the engine's
+own work for one 3DGAN exchange (its hooks and ``synchronize`` with a transport that sends
+nothing, timed apart), beside that work back to back. A trial repeats the
 exchange until it lasts about ``--trial-ms``; the sides alternate (A B C .. C B A), the first
 round is warm-up. Each launch is a fresh 2-rank job (``--runs`` launches; the intervals count
 launches as the units that vary, ``common.launch_stats``).
 
 Reported rows (no target), per gap: back to back ÷ (the exchange after the gap, the gap
 left out), how much slower the call itself got; and back to back ÷ (gap + exchange), the
-most an engine with that much work per exchange can reach in ``allreduce_bw``'s rows.
+most an engine with that much work per exchange can reach in ``allreduce_bw``'s rows; and
+the engine's work back to back ÷ the same work right after an exchange, and the exchange
+back to back ÷ (that work, then the exchange).
 
     python bench/call_gap.py --mpi openmpi            (bench/results/)
     python bench/call_gap.py --mpi mpich --runs 6 --gaps 0.5,2,5,10,20,40
@@ -33,6 +37,9 @@ from common import (RESULTS, Row, alternating_order, loopback_env, print_rows, p
                     write_result)
 
 BACK_TO_BACK = "back to back"
+WORK_ALONE = "the engine's own work, back to back"
+AFTER_WORK = "after the engine's own work"
+WORK_AFTER = "the engine's own work, right after an exchange"   # AFTER_WORK's work part
 
 
 def _spin(seconds: float) -> None:
@@ -67,8 +74,34 @@ def _as_rank(args: argparse.Namespace) -> int:
             exchange()
         return run
 
+    # the engine's own work for one 3DGAN exchange: its hooks and synchronize, with a
+    # transport that sends nothing (allreduce_bw's diagnostic side)
+    import torch
+
+    from allreduce_bw import _Idle
+    from hpcai.models import gan3d
+    from hpcai.training.allreduce import GradAllreducer
+
+    torch.set_num_threads(1)
+    model = torch.nn.ModuleList([gan3d.Generator(), gan3d.Discriminator()])
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    idle = GradAllreducer(model, _Idle(), call_mb=1e6)
+    in_work = [0.0]   # this trial's seconds in the work, where it runs after an exchange
+
+    def work() -> None:
+        idle.replay_backward()
+        idle.synchronize()
+
+    def after_work() -> None:
+        t0 = time.perf_counter()
+        work()
+        in_work[0] += time.perf_counter() - t0
+        exchange()
+
     gaps = [float(g) for g in args.gaps.split(",") if g]
-    sides = {BACK_TO_BACK: exchange, **{_side(g): after(g * 1e-6) for g in gaps}}
+    sides = {BACK_TO_BACK: exchange, **{_side(g): after(g * 1e-6) for g in gaps},
+             WORK_ALONE: work, AFTER_WORK: after_work}
     calls = 1
 
     def timed(fn) -> float:
@@ -82,14 +115,18 @@ def _as_rank(args: argparse.Namespace) -> int:
     one = min(timed(exchange) for _ in range(3))   # warm-up, and the trial's length
     buf[:] = start
     calls = comm.bcast(max(1, min(32, round(args.trial_ms / 1e3 / one))), root=0)
-    values: dict[str, list[float]] = {s: [] for s in sides}
+    values: dict[str, list[float]] = {s: [] for s in [*sides, WORK_AFTER]}
     for s in sides:   # warm-up round
         timed(sides[s])
     buf[:] = start   # the sums double the values: back to small normal floats
     while len(values[BACK_TO_BACK]) < args.trials:
         for s in alternating_order(list(sides), 2):
+            in_work[0] = 0.0
             values[s].append(timed(sides[s]))
+            if s == AFTER_WORK:   # the work's part, the slower rank's
+                values[WORK_AFTER].append(comm.allreduce(in_work[0], op=MPI.MAX) / calls)
         buf[:] = start
+    idle.close()
     if comm.rank == 0:
         print(json.dumps({"family": mpi_family(), "call_bytes": step * 4,
                           "calls_per_trial": calls, "seconds": values}))
@@ -113,6 +150,15 @@ def _rows(runs: list[dict], gaps: list[float]) -> list[Row]:
             f"call-gap-{g:g}us-ceiling", f"the exchange back to back ÷ ({g:g} µs of work, then "
             f"the exchange): the most an engine with that much work per exchange reaches",
             "", None, [(r["seconds"][BACK_TO_BACK], r["seconds"][side]) for r in runs]))
+    rows.append(Row.across_runs(
+        "call-gap-engine-work", "the engine's own work for one 3DGAN exchange (31 hooks and "
+        "synchronize, a transport that sends nothing): back to back ÷ right after an "
+        "exchange", "", None,
+        [(r["seconds"][WORK_ALONE], r["seconds"][WORK_AFTER]) for r in runs]))
+    rows.append(Row.across_runs(
+        "call-gap-engine-ceiling", "the exchange back to back ÷ (the engine's own work, then "
+        "the exchange)", "", None,
+        [(r["seconds"][BACK_TO_BACK], r["seconds"][AFTER_WORK]) for r in runs]))
     return rows
 
 
