@@ -274,16 +274,16 @@ def _rows(runs: list[dict]) -> list[Row]:
                                for res in results], f"{note}; {raw_per_launch}"))
             rows.append(Row.across_runs(
                 f"allreduce-{name}-{fused.replace(' ', '-')}-ceiling",
-                f"{name} gradients ({how}): the ceiling of an engine with per-tensor Python "
-                f"hooks (its own work with a transport that sends nothing, then the fastest "
-                f"raw setting's calls) ÷ fused time",
+                f"{name} gradients ({how}): the ceiling the engine's Python work sets (that "
+                f"work with a transport that sends nothing, then the fastest raw setting's "
+                f"calls) ÷ fused time",
                 "", None, [(res["seconds"][DIAG_PYTHON_RAW], res["seconds"][fused])
                            for res in results]))
         # what the target rows can reach at best with hooks in Python: that ceiling ÷ raw
         rows.append(Row.across_runs(
             f"allreduce-{name}-hooks-ceiling-vs-raw",
-            f"{name} gradients: the ceiling of an engine with per-tensor Python hooks (its own "
-            f"work with a transport that sends nothing, then the fastest raw setting's calls): "
+            f"{name} gradients: the ceiling the engine's Python work sets (that work with a "
+            f"transport that sends nothing, then the fastest raw setting's calls): "
             f"bandwidth ÷ best raw MPI_Allreduce ({best})", "", None,
             [(res["seconds"][best], res["seconds"][DIAG_PYTHON_RAW]) for res in results]))
     return rows

@@ -148,8 +148,9 @@ def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     """Every bucket of a dtype is a slice of one buffer, and each gradient (channels-last
     convolutions at non-zero offsets included) is a view that backward fills in place:
     the grads equal those of the same model without the engine, scaled by the backward
-    hooks to this rank's share (1 / world size) of the mean. The control is the same
-    comparison against a model that computed a different batch."""
+    hooks to this rank's share (1 / world size) of the mean, but for the last bucket's, which
+    have no hooks (synchronize scales them) and are as backward wrote them. The control is
+    the same comparison against a model that computed a different batch."""
     import torch
 
     from hpcai.training.allreduce import GradAllreducer
@@ -171,7 +172,8 @@ def test_buckets_are_slices_of_one_allocation_and_backward_writes_them():
     for bucket in reducer.buckets:
         for p, view in zip(bucket.params, bucket.views):
             assert p.grad.data_ptr() == view.data_ptr()
-    grads = [p.grad * _NoTransport.size for p in model.parameters()]
+    tail = set(map(id, reducer.buckets[-1].params))
+    grads = [p.grad * (1 if id(p) in tail else _NoTransport.size) for p in model.parameters()]
     assert all(torch.equal(g, q.grad) for g, q in zip(grads, plain.parameters()))
     assert not all(torch.equal(g, q.grad) for g, q in zip(grads, other.parameters()))
     reducer.close()
@@ -442,7 +444,8 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
 def test_calls_during_backward_wait_for_a_quarter_of_the_arena():
     """During backward, calls go in bursts once 1/BURSTS of the arena is complete: with eight
     equal buckets, the first complete bucket sends nothing (the control), the second sends
-    both, and the last hook sends the rest, the shorter last call included."""
+    both; the last bucket has no per-parameter hooks, so backward leaves it unsent and
+    synchronize sends the rest, the shorter last call included."""
     import torch
 
     from hpcai.training.allreduce import BURSTS, GradAllreducer
@@ -463,9 +466,12 @@ def test_calls_during_backward_wait_for_a_quarter_of_the_arena():
     for bucket in reducer.buckets[2:]:
         for p in bucket.params:
             reducer._on_grad(p)
+    tail = reducer.buckets[-1]
+    assert tail.ready == 0
+    assert sum(n for _, n, _ in rec.calls) <= tail.end - tail.n and len(tail.params) > 1
+    reducer.synchronize()
     assert sum(n for _, n, _ in rec.calls) == stream.flat.numel()
     assert all(ok for _, _, ok in rec.calls)
-    reducer.synchronize()
     reducer.close()
 
 
@@ -834,33 +840,100 @@ def test_threads_make_their_calls_only_where_their_waits_yield(mpi, how, env, wa
 
 
 def test_a_bucket_scales_only_the_gradients_whose_loss_was_not_divided():
-    """One bucket whose gradients came partly from a divided loss (already a share of the
-    mean) and partly not: after synchronize, on a 2-rank transport that adds nothing, the
-    divided ones are as they were and the others halved, each exactly once; a second
-    backward's gradient before synchronize is the accumulation error."""
+    """A bucket with hooks whose gradients came partly from a divided loss (already a share
+    of the mean) and partly not: after synchronize, on a 2-rank transport that adds nothing,
+    the divided ones are as they were and the others halved, each exactly once. The last
+    bucket's one hook (on its last parameter) decides for the whole bucket; a second
+    gradient there before synchronize is the accumulation error, while one for a parameter
+    without a hook (the control) raises nothing."""
     import pytest
     import torch
 
     import hpcai.training.allreduce as engine
     from hpcai.training.allreduce import GradAllreducer
 
-    model = _linear_stack(width=8, depth=2)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    reducer = GradAllreducer(model, _Recorder(), bucket_mb=1.0, call_mb=1.0)
-    (bucket,) = reducer.buckets
-    divided = set(map(id, bucket.params[::2]))
-    for p in bucket.params:
-        engine._loss_divided_by = 2 if id(p) in divided else 0
-        try:
-            reducer._on_grad(p)
-        finally:
-            engine._loss_divided_by = 0
-    reducer.synchronize()
-    for p in bucket.params:
-        assert torch.equal(p.grad, torch.full_like(p, 1.0 if id(p) in divided else 0.5))
+    model = _linear_stack(width=8, depth=4)
+    reducer = GradAllreducer(model, _Recorder(), bucket_mb=(8 * 8 + 8) * 4 / 2**20,
+                             call_mb=1.0)
+    assert len(reducer.buckets) == 4
+    first, tail = reducer.buckets[0], reducer.buckets[-1]
+    for divided_tail in (2, 0):
+        for p in model.parameters():
+            p.grad.fill_(1.0)
+        divided = set(map(id, first.params[::2]))
+        for p in (q for b in reducer.buckets for q in b.params):
+            in_first = any(p is q for q in first.params)
+            engine._loss_divided_by = ((2 if id(p) in divided else 0) if in_first
+                                       else divided_tail)
+            try:
+                reducer._on_grad(p)
+            finally:
+                engine._loss_divided_by = 0
+        reducer.synchronize()
+        for p in first.params:
+            assert torch.equal(p.grad, torch.full_like(p, 1.0 if id(p) in divided else 0.5))
+        for p in tail.params:
+            assert torch.equal(p.grad, torch.full_like(p, 1.0 if divided_tail else 0.5))
     reducer.replay_backward()
-    reducer._on_grad(bucket.params[0])
+    reducer._on_grad(tail.params[0])   # no hook: not seen
+    reducer.synchronize()
+    reducer.replay_backward()
+    reducer._on_grad(tail.params[-1])
     with pytest.raises(RuntimeError, match="second gradient"):
         reducer.synchronize()
+    reducer.close()
+
+
+@pytest.mark.parametrize("how", ["divided", "plain", "set-to-none", "hook-param-unused"])
+def test_the_last_bucket_is_scaled_once_by_synchronize(how):
+    """A model in one bucket, whose backward makes one Python call (the hook on its last
+    parameter), on a 2-rank transport that adds nothing: after a real backward and
+    synchronize every gradient is half the plain model's, scaled exactly once (not equal to
+    it: the control for no scaling; twice it: for scaling twice), and lives in the arena,
+    whether backward's loss was divided (``reducer.backward``) or not (``loss.backward()``),
+    the gradients were set to None before backward (replaced, then copied back in), or the
+    hooked parameter got no gradient (then ``backward()`` says the loss was divided)."""
+    import torch
+
+    from hpcai.training.allreduce import GradAllreducer
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare = torch.nn.Linear(6, 6)   # registered first: the hooked parameter
+            self.body = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(),
+                                            torch.nn.Linear(6, 2))
+
+        def forward(self, x):
+            y = self.body(x)
+            return y if how == "hook-param-unused" else y + self.spare(x)[:, :2]
+
+    model, plain = Net(), Net()
+    plain.load_state_dict(model.state_dict())
+    reducer = GradAllreducer(model, _Recorder(), call_mb=1.0)
+    (bucket,) = reducer.buckets
+    assert len(reducer._hooks) == 1 and reducer._hooks[0][0] is model.spare.weight
+    x = torch.randn(5, 6)
+    plain(x).square().sum().backward()
+    for step in range(2):
+        for p in model.parameters():
+            p.grad.zero_()
+        if how == "set-to-none":
+            for p in model.parameters():
+                p.grad = None
+        loss = model(x).square().sum()
+        if how == "plain":
+            loss.backward()
+        else:
+            reducer.backward(loss)
+        reducer.synchronize()
+        for p, q, view in zip(model.parameters(), plain.parameters(),
+                              reversed(bucket.views)):
+            want = torch.zeros_like(q) if q.grad is None else q.grad
+            assert p.grad.data_ptr() == view.data_ptr()
+            assert torch.allclose(p.grad * 2, want, rtol=0, atol=1e-6)
+            if want.abs().max() > 0:
+                assert not torch.allclose(p.grad, want)
     reducer.close()

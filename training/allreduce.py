@@ -12,7 +12,12 @@ A post-accumulate-grad hook on every parameter counts arrivals. When a bucket is
 the hook scales it to this rank's share of the mean: nothing when the loss was divided by
 the world size, by :meth:`GradAllreducer.backward` (as ``train`` runs backward), else a
 ``div_`` while backward has just written it (a pass over the gradients on the main thread:
-8-10 ms more per ResNet50 exchange, ``bench/allreduce_bw.py``).
+8-10 ms more per ResNet50 exchange, ``bench/allreduce_bw.py``). The last bucket (the
+parameters registered first, whose gradients backward produces last) has one hook only,
+on its last parameter, which notes whether its loss was divided and catches a second
+gradient: that bucket completes when backward ends, so ``synchronize`` reduces it, and
+backward makes no Python call per parameter for it (for a model in one bucket, such as the
+3DGAN's networks, one per step in all).
 In overlap mode it reduces the bucket with one call: a blocking ``MPI_Allreduce`` right
 there, the same call handed to a communication thread while backward goes on, or a
 non-blocking ``MPI_Iallreduce`` poked by the later hooks (``progress``, chosen per MPI
@@ -33,6 +38,7 @@ transport reduces a host copy of each (``_Staged``), then copies the sum back.
 from __future__ import annotations
 
 import collections
+import operator
 import os
 import threading
 import time
@@ -229,13 +235,16 @@ class _Bucket:
     # life (the hooks hold it), reset in place
     arrived: list[int] = field(default_factory=list)
     request: object = None    # a pending reduction (non-blocking progress); None when done
+    # the last bucket (one hook, on its last parameter): 0 until that hook ran since the last
+    # synchronize, then SHARE_OF + the world size its backward's loss was divided by
+    seen: int = 0
     n: int = 0                # len(params)
     end: int = 0              # where it ends in its arena (elements)
     stream: "_Stream | None" = None   # its arena's stream, where calls follow the arena
 
     def reset(self) -> None:
         n = self.n = len(self.params)
-        self.ready, self.request = 0, None
+        self.ready, self.request, self.seen = 0, None, 0
         self.arrived[:] = [0] * n
 
 
@@ -611,12 +620,18 @@ class GradAllreducer:
         self.streams = self._streams(arenas, call_mb)
         self._thread = (_CommThread(self._piece) if self.overlap and self.progress == "thread"
                         and self.streams else None)
-        # each parameter's backward hook, in bucket order (replay_backward calls them so)
-        self._hooks = [(p, self._hook(b, i, v)) for b in self.buckets
+        # the last bucket completes when backward ends: synchronize reduces it (_close_tail)
+        self._tail = self.buckets[-1] if self.size > 1 and self.buckets else None
+        # the backward hooks, in bucket order (replay_backward calls them so): one per
+        # parameter, but for the last bucket one on its last parameter
+        self._hooks = [(p, self._hook(b, i, v)) for b in self.buckets if b is not self._tail
                        for i, (p, v) in enumerate(zip(b.params, b.views))]
+        if self._tail is not None:
+            self._hooks.append((self._tail.params[-1], self._tail_hook(self._tail)))
         self._hook_of = {id(p): hook for p, hook in self._hooks}
         self._pending: list = []
         self._accumulated = False
+        self._divided = 0   # the world size, after backward() (replay_backward) divided a loss
         self._hook_wait = 0.0   # the main thread's seconds in this step's hooks
         self.retunes = 0   # how often the streams' trials ran again (_Watch)
         self._handles = []
@@ -727,6 +742,7 @@ class GradAllreducer:
             (loss / self.size).backward(**kwargs)
         finally:
             _loss_divided_by = outer
+        self._divided = self.size
 
     # -- the backward hook ----------------------------------------------------------------
     def _hook(self, bucket: _Bucket, i: int, view: torch.Tensor):
@@ -753,9 +769,22 @@ class GradAllreducer:
                 self.transport.poke(self._pending)
         return on_grad
 
+    def _tail_hook(self, bucket: _Bucket):
+        """The last bucket's one hook: notes how its backward's loss was divided, and a second
+        gradient before synchronize (accumulation)."""
+        def on_grad(param: torch.nn.Parameter) -> None:
+            if bucket.seen:
+                self._accumulated = True
+                return
+            bucket.seen = SHARE_OF + _loss_divided_by
+        return on_grad
+
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        """What backward does when ``param``'s gradient is final: its hook."""
-        self._hook_of[id(param)](param)
+        """What backward does when ``param``'s gradient is final: its hook, if it has one
+        (the last bucket's parameters but its last have none)."""
+        hook = self._hook_of.get(id(param))
+        if hook is not None:
+            hook(param)
 
     def _complete(self, bucket: _Bucket) -> None:
         """This rank's gradients of ``bucket`` are final: scale them to its share of the mean
@@ -870,6 +899,18 @@ class GradAllreducer:
         else:
             self.transport.blocking(bucket.flat)
 
+    def _close_tail(self, bucket: _Bucket) -> None:
+        """The last bucket after backward: every gradient in its view (:meth:`_pack`, where
+        one was replaced or is None), each counted as a share of the mean if its backward's
+        loss was divided (as the bucket's hook saw it; if that parameter got no gradient,
+        as :meth:`backward` left it), then :meth:`_complete`."""
+        if any(map(operator.is_not, [p.grad for p in bucket.params], bucket.views)):
+            self._pack(bucket)
+        divided = bucket.seen - SHARE_OF if bucket.seen else self._divided
+        bucket.arrived[:] = [SHARE_OF + divided] * bucket.n
+        bucket.ready = bucket.n
+        self._complete(bucket)
+
     def _pack(self, bucket: _Bucket) -> None:
         """A bucket backward did not complete (unused parameters, or no backward at all):
         make every gradient live in its view (None counts as zero)."""
@@ -894,6 +935,7 @@ class GradAllreducer:
                 hook(p)
         finally:
             _loss_divided_by = outer
+        self._divided = self.size if loss_divided else 0
 
     def synchronize(self) -> None:
         """Finish averaging; afterwards every rank holds the same mean gradients."""
@@ -905,6 +947,8 @@ class GradAllreducer:
             raise RuntimeError(
                 "a parameter got a second gradient before synchronize(): call synchronize() "
                 "after every backward (gradient accumulation is not supported)")
+        if self._tail is not None:
+            self._close_tail(self._tail)
         for bucket in self.buckets:
             if bucket.ready < len(bucket.params):   # never completed: pack, scale, reduce
                 self._pack(bucket)
@@ -982,6 +1026,7 @@ class GradAllreducer:
             stream.reset()
         self._pending = []
         self._accumulated = False
+        self._divided = 0
         self._hook_wait = 0.0
 
     def close(self) -> None:
