@@ -7,8 +7,8 @@ buffer on transparent huge pages (``hostmem.huge_zeros``) of the 3DGAN's gradien
 (``--bytes``), reduced in place as the engine reduces it (one call, or calls of the family's
 largest size, ``allreduce.CHUNK_BYTES``). Sides: the calls back to back, and the calls each
 after ``g`` µs of busy work in Python on every rank (``--gaps``), and after the engine's
-own work for one 3DGAN exchange (its hooks and ``synchronize`` with a transport that sends
-nothing, timed apart), beside that work back to back. A trial repeats the
+own work for one 3DGAN exchange (its backward hooks and ``synchronize`` with a transport
+that sends nothing, timed apart), beside that work back to back. A trial repeats the
 exchange until it lasts about ``--trial-ms``; the sides alternate (A B C .. C B A), the first
 round is warm-up. Each launch is a fresh 2-rank job (``--runs`` launches; the intervals count
 launches as the units that vary, ``common.launch_stats``).
@@ -126,10 +126,12 @@ def _as_rank(args: argparse.Namespace) -> int:
             if s == AFTER_WORK:   # the work's part, the slower rank's
                 values[WORK_AFTER].append(comm.allreduce(in_work[0], op=MPI.MAX) / calls)
         buf[:] = start
+    hooks = len(idle._hooks)   # backward hooks that run per exchange
     idle.close()
     if comm.rank == 0:
         print(json.dumps({"family": mpi_family(), "call_bytes": step * 4,
-                          "calls_per_trial": calls, "seconds": values}))
+                          "calls_per_trial": calls, "engine_hooks": hooks,
+                          "seconds": values}))
     return 0
 
 
@@ -151,9 +153,9 @@ def _rows(runs: list[dict], gaps: list[float]) -> list[Row]:
             f"the exchange): the most an engine with that much work per exchange reaches",
             "", None, [(r["seconds"][BACK_TO_BACK], r["seconds"][side]) for r in runs]))
     rows.append(Row.across_runs(
-        "call-gap-engine-work", "the engine's own work for one 3DGAN exchange (31 hooks and "
-        "synchronize, a transport that sends nothing): back to back ÷ right after an "
-        "exchange", "", None,
+        "call-gap-engine-work", "the engine's own work for one 3DGAN exchange "
+        f"({runs[0].get('engine_hooks', '?')} backward hook(s) and synchronize, a transport "
+        "that sends nothing): back to back ÷ right after an exchange", "", None,
         [(r["seconds"][WORK_ALONE], r["seconds"][WORK_AFTER]) for r in runs]))
     rows.append(Row.across_runs(
         "call-gap-engine-ceiling", "the exchange back to back ÷ (the engine's own work, then "

@@ -884,15 +884,20 @@ def test_a_bucket_scales_only_the_gradients_whose_loss_was_not_divided():
     reducer.close()
 
 
-@pytest.mark.parametrize("how", ["divided", "plain", "set-to-none", "hook-param-unused"])
+@pytest.mark.parametrize("how", ["divided", "plain", "set-to-none", "hook-param-unused",
+                                 "blocking"])
 def test_the_last_bucket_is_scaled_once_by_synchronize(how):
     """A model in one bucket, whose backward makes one Python call (the hook on its last
-    parameter), on a 2-rank transport that adds nothing: after a real backward and
-    synchronize every gradient is half the plain model's, scaled exactly once (not equal to
-    it: the control for no scaling; twice it: for scaling twice), and lives in the arena,
-    whether backward's loss was divided (``reducer.backward``) or not (``loss.backward()``),
-    the gradients were set to None before backward (replaced, then copied back in), or the
-    hooked parameter got no gradient (then ``backward()`` says the loss was divided)."""
+    parameter), on a 2-rank transport that adds nothing (synchronize's short path): after a
+    real backward and synchronize every gradient is half the plain model's, scaled exactly
+    once (not equal to it: the control for no scaling; twice it: for scaling twice), and
+    lives in the arena, whether backward's loss was divided (``reducer.backward``) or not
+    (``loss.backward()``), the gradients were set to None before backward (replaced, then
+    copied back in), the hooked parameter got no gradient (then ``backward()`` says the
+    loss was divided), or the reducer runs in blocking mode. Each step makes one call over
+    the whole arena, once the bucket is complete; a second gradient for the hooked
+    parameter before synchronize is the accumulation error (where backward gives it one)."""
+    import pytest
     import torch
 
     from hpcai.training.allreduce import GradAllreducer
@@ -912,9 +917,12 @@ def test_the_last_bucket_is_scaled_once_by_synchronize(how):
 
     model, plain = Net(), Net()
     plain.load_state_dict(model.state_dict())
-    reducer = GradAllreducer(model, _Recorder(), call_mb=1.0)
+    rec = _Recorder()
+    reducer = GradAllreducer(model, rec, call_mb=1.0, overlap=how != "blocking")
+    rec.reducer = reducer
     (bucket,) = reducer.buckets
     assert len(reducer._hooks) == 1 and reducer._hooks[0][0] is model.spare.weight
+    assert reducer._solo is not None
     x = torch.randn(5, 6)
     plain(x).square().sum().backward()
     for step in range(2):
@@ -936,4 +944,11 @@ def test_the_last_bucket_is_scaled_once_by_synchronize(how):
             assert torch.allclose(p.grad * 2, want, rtol=0, atol=1e-6)
             if want.abs().max() > 0:
                 assert not torch.allclose(p.grad, want)
+        assert rec.calls == [(bucket.flat.storage_offset(), bucket.flat.numel(), True)]
+        rec.calls.clear()
+    if how != "hook-param-unused":   # there backward gives the hooked parameter nothing
+        reducer.backward(model(x).square().sum())
+        reducer._on_grad(model.spare.weight)
+        with pytest.raises(RuntimeError, match="second gradient"):
+            reducer.synchronize()
     reducer.close()

@@ -622,6 +622,9 @@ class GradAllreducer:
                         and self.streams else None)
         # the last bucket completes when backward ends: synchronize reduces it (_close_tail)
         self._tail = self.buckets[-1] if self.size > 1 and self.buckets else None
+        # a model in one bucket whose calls follow the arena: synchronize's short path
+        self._solo = ((self.buckets[0], self.streams[0])
+                      if len(self.buckets) == 1 and len(self.streams) == 1 else None)
         # the backward hooks, in bucket order (replay_backward calls them so): one per
         # parameter, but for the last bucket one on its last parameter
         self._hooks = [(p, self._hook(b, i, v)) for b in self.buckets if b is not self._tail
@@ -947,6 +950,9 @@ class GradAllreducer:
             raise RuntimeError(
                 "a parameter got a second gradient before synchronize(): call synchronize() "
                 "after every backward (gradient accumulation is not supported)")
+        if self._solo is not None:
+            self._synchronize_solo(start, before)
+            return
         if self._tail is not None:
             self._close_tail(self._tail)
         for bucket in self.buckets:
@@ -980,6 +986,44 @@ class GradAllreducer:
                 self._watch(stream, seconds)
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
+
+    def _synchronize_solo(self, start: float, before: float) -> None:
+        """:meth:`synchronize` for a model in one bucket, reduced as a stream: no hook made a
+        call, so what the general path does in a dozen calls is done here in a few: the
+        gradients into the arena (:meth:`_pack`, where one was replaced or is None), this
+        rank's share (divided unless backward's loss was, :meth:`_close_tail`), in blocking
+        mode the barrier, the calls, and the call size's bookkeeping."""
+        bucket, stream = self._solo
+        if any(map(operator.is_not, [p.grad for p in bucket.params], bucket.views)):
+            self._pack(bucket)
+        if (bucket.seen - SHARE_OF if bucket.seen else self._divided) != self.size:
+            bucket.flat.div_(self.size)
+        if not self.overlap:
+            arrived = time.perf_counter()
+            self.transport.barrier()   # separates load imbalance from transfer time
+            self.stats.imbalance_s += time.perf_counter() - arrived
+        chunk, n = stream.chunk, stream.flat.numel()
+        bucket.ready = bucket.n
+        called = time.perf_counter()
+        try:
+            if stream.host is not None:
+                self.transport.blocking_host(stream.host, chunk)
+            else:
+                self.transport.blocking(stream.flat, chunk)
+        except BaseException:
+            self._reset()
+            raise
+        now = time.perf_counter()
+        self.stats.allreduces += -(-n // chunk)
+        self.stats.bytes += n * stream.flat.element_size()
+        seconds = now - start if self._thread is not None else now - called
+        if stream.tuner is not None:
+            self._tune(stream, seconds)
+        elif stream.watch is not None:
+            self._watch(stream, seconds)
+        bucket.seen = bucket.ready = 0
+        self._divided = 0
+        self.stats.wait_s = before + time.perf_counter() - start
 
     def _tune(self, stream: _Stream, seconds: float) -> None:
         """Record this step's ``seconds``; set the next step's call size (:class:`_Tuner`)."""
