@@ -289,9 +289,11 @@ def check_training_command(options: Options):
 
 def _with_recipe(text: str, train) -> str:
     """The plan's text, and for a 3DGAN ``train`` the recipe it starts from."""
-    from ..training.recipes import settings_line
+    if train is None:
+        return text
+    from ..training.recipes import settings_line   # dataclasses: only for a train command
 
-    line = settings_line(train) if train is not None else None
+    line = settings_line(train)
     return text if line is None else f"{text}\ntrain:     {line}"
 
 
