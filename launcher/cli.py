@@ -99,8 +99,8 @@ def _predict(argv: list[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "validate": _validate, "sbatch": _sbatch, "plan-step": _plan_step, "sweep": _sweep, "report": _report,
-    "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi,
+    "validate": _validate, "sbatch": _sbatch, "plan-step": _plan_step, "sweep": _sweep,
+    "report": _report, "export-onnx": _export_onnx, "mpis": _mpis, "abi": _abi,
     "tune": _tune, "predict": _predict}
 
 
