@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
-from typing import Callable
 
 from .errors import USAGE_EXIT, UserError
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 VERBOSE_FLAGS = ("-v", "--verbose")
 
@@ -82,6 +84,7 @@ def run_main(body: Callable[[list[str]], int], argv: list[str] | None = None, *,
         return body(args)
     except UserError as exc:
         if wants_verbose(args):
+            import traceback    # here: it imports linecache, tokenize and textwrap
             traceback.print_exc()
         report(exc)
         return USAGE_EXIT

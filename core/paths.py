@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def cache_root(env: Mapping[str, str]) -> str:

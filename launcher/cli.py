@@ -35,14 +35,15 @@ import contextlib
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import UserError
 from .job import jobplan
 from .job.rankenv import from_environ
 
+TYPE_CHECKING = False     # typing's constant, without importing typing
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     from ..core.cli import Parser
     from .planning.options import Options

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
 
 from ..core.paths import which
 from .job import jobplan
@@ -37,6 +36,10 @@ from .planning.facts import Facts, gather_facts
 from .planning.options import Options
 from .planning.plan import (LaunchPlan, build_plan, direct_mpirun_plan, key_files,
                             rank_template_with_warnings, wrapper_argv)
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 STARTED_BY = {"openmpi": "openmpi", "mpich": "hydra"}   # MPI family -> RankInfo.started_by
 

@@ -7,7 +7,8 @@ from typing import NamedTuple
 
 import pytest
 
-from hpcai.core.record import FrozenRecordError, asdict, field, fields, record, replace
+from hpcai.core.record import (FrozenRecordError, asdict, field, fields, named_tuple, record,
+                               replace)
 
 
 @record
@@ -103,3 +104,46 @@ def test_post_init_runs_on_construction_and_on_replace():
 
 def test_a_record_equals_no_other_class_with_the_same_values():
     assert Point(1, 2) != DcPoint(1, 2) and Point(1, 2) != (1, 2, "p", {}, ())
+
+
+@named_tuple
+class Span:
+    """A named tuple made by the decorator."""
+
+    start: int
+    stop: int = 10
+    label: str = ""
+
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+class TypedSpan(NamedTuple):
+    """The same fields through typing.NamedTuple: the behaviour to match."""
+
+    start: int
+    stop: int = 10
+    label: str = ""
+
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@pytest.mark.parametrize("cls", [Span, TypedSpan], ids=["named_tuple", "typing"])
+def test_named_tuple_behaves_as_typing_namedtuple(cls):
+    s = cls(2)
+    assert s == (2, 10, "") and s.size() == 8 and cls._fields == ("start", "stop", "label")
+    assert s._replace(stop=4) == cls(2, 4) and cls._field_defaults == {"stop": 10, "label": ""}
+    assert list(s) == [2, 10, ""] and cls(*[2, 10, ""]) == s     # a JSON array round trip
+    assert cls.__doc__.endswith("to match.") or cls.__doc__.startswith("A named tuple")
+    assert cls.__name__ == cls.__qualname__ and cls.__module__ == __name__
+    with pytest.raises(AttributeError):
+        s.start = 3
+
+
+def test_named_tuple_refuses_a_required_field_after_a_default():
+    with pytest.raises(TypeError, match="without a default follows"):
+        @named_tuple
+        class Bad:
+            a: int = 1
+            b: int

@@ -318,10 +318,12 @@ def test_startup_node_with_another_cpu_count_plans_by_itself(tmp_path, cpus):
     assert ("hpcai.launcher.planning.plan" in wrapper) == (cpus == "other"), sorted(wrapper)
     if cpus == "same":     # what a rank that runs from the plan loads of hpcai, and no more
         assert {m for m in wrapper if m.startswith("hpcai")} == RANK_MODULES, sorted(wrapper)
-        assert not wrapper & {"dataclasses", "inspect", "tomllib", "hpcai.launcher.job.site"}
+        assert not wrapper & {"dataclasses", "inspect", "tomllib", "typing", "subprocess",
+                              "hpcai.launcher.job.site"}
 
 
-RANK_MODULES = {"hpcai", "hpcai.core", "hpcai.core.errors", "hpcai.core.paths", "hpcai.launcher",
+RANK_MODULES = {"hpcai", "hpcai.core", "hpcai.core.errors", "hpcai.core.paths",
+                "hpcai.core.record", "hpcai.launcher",
                 "hpcai.launcher.cli", "hpcai.launcher.job", "hpcai.launcher.job.jobplan",
                 "hpcai.launcher.job.rankenv", "hpcai.launcher.run", "hpcai.launcher.run.execute",
                 "hpcai.launcher.run.child",

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 TRAIN_PROGRAMS = ("train", "hpcai-train")
 TRAIN_MODULES = ("hpcai.training", "hpcai.training.cli")

@@ -13,8 +13,8 @@ older than a day (:func:`prune`, at most hourly). Every other rank waits for tha
 takes its local rank's entry and execs (:func:`hpcai.launcher.run.execute.run_rank`): no MPI
 detection, no ``ldconfig``, no library scans, and no import beyond this module,
 :mod:`.rankenv`, the ``run`` room's :mod:`~hpcai.launcher.run.execute` and
-:mod:`~hpcai.launcher.run.child`, ``json`` and ``typing`` (``tomllib`` too with a site
-profile; :mod:`~hpcai.launcher.run.rankwatch` under Hydra).
+:mod:`~hpcai.launcher.run.child`, :mod:`hpcai.core.record` and ``json`` (``tomllib`` too
+with a site profile; :mod:`~hpcai.launcher.run.rankwatch` under Hydra).
 
 A plan for another job, node list, world size, command line or directory, or one whose image,
 host MPI or staged libraries changed since it was written, is an error. A plan of an earlier
@@ -32,13 +32,12 @@ node, other environment variables that planning reads) the rank plans by itself,
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from typing import NamedTuple
 
 from ...core.errors import UserError
 from ...core.paths import cache_root
+from ...core.record import named_tuple
 from .rankenv import RankInfo, torch_env
 
 SHARED, NODE = "shared", "node"   # the site profile's job_dir_scope values, owned here
@@ -67,7 +66,8 @@ ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "HOME", "XDG_CACHE_HOME", "MASTER_ADDR",
             "MPI_HOME", "MPI_ROOT", "MPICH_HOME", "OPAL_PREFIX")
 
 
-class PlanKey(NamedTuple):
+@named_tuple
+class PlanKey:
     """What a plan belongs to. ``files``: (role, path, identity) of the image, host MPI and
     staged libraries the plan uses; a rank re-reads only their ``stat``."""
 
@@ -82,14 +82,16 @@ class PlanKey(NamedTuple):
     files: tuple[tuple[str, str, str], ...] = ()
 
 
-class RankEntry(NamedTuple):
+@named_tuple
+class RankEntry:
     """One local rank: its thread environment and CPU set (None: not bound)."""
 
     env: tuple[tuple[str, str], ...]
     bind_cpus: tuple[int, ...] | None
 
 
-class RankTemplate(NamedTuple):
+@named_tuple
+class RankTemplate:
     """Everything a rank of one node needs, the same for every node of the job."""
 
     ranks: tuple[RankEntry, ...]              # by local rank
@@ -98,7 +100,8 @@ class RankTemplate(NamedTuple):
     compat_links: tuple[tuple[str, str], ...] = ()
 
 
-class JobRole(NamedTuple):
+@named_tuple
+class JobRole:
     """This rank's part in planning: where the job's plan lives, and who writes it."""
 
     info: RankInfo
@@ -309,6 +312,7 @@ def write_error(job: JobRole, exc: UserError) -> None:
 def _write(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.uname().nodename}.{os.getpid()}.tmp"
+    import json     # here: the outer hpcai-launch of a direct mpirun launch writes no plan
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
@@ -335,6 +339,7 @@ def wait(path: str, started: float, timeout: float, launch: str) -> dict:
     """The plan at ``path`` once a fresh one is there: of this ``launch``, written at most
     :data:`STALE_S` before ``started``. UserError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
+    import json
     delay = 0.1
     stale: float | None = None
     while True:
@@ -358,6 +363,7 @@ def wait(path: str, started: float, timeout: float, launch: str) -> dict:
 
 def read_prepared(path: str) -> dict:
     """The plan written before the launch (:data:`PLAN_ENV`): there, or an error."""
+    import json
     try:
         return json.loads(_read(path))
     except FileNotFoundError:

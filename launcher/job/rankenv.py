@@ -9,16 +9,20 @@ turned into the variables ``torch.distributed``'s ``env://`` and Horovod read.
 from __future__ import annotations
 
 import zlib
-from typing import Mapping, NamedTuple
 
-from ...slurm.nodelist import expand_hostlist, parse_tasks_per_node
+from ...core.record import named_tuple
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 PORT_BASE = 20000    # the rendezvous ports stay below Linux's ephemeral range (32768-60999)
 PORT_SPAN = 12763    # a prime: every step multiplier below it permutes the ports
 STEP_STRIDE = 7888   # round(PORT_SPAN / golden ratio): steps of nearby jobs land far apart
 
 
-class Starter(NamedTuple):
+@named_tuple
+class Starter:
     """What a launcher that starts ranks does when one of them fails before MPI starts."""
 
     ends_job: bool          # it ends the other ranks itself (mpirun; srun only with
@@ -37,7 +41,8 @@ STARTERS: dict[str, Starter] = {"openmpi": Starter(ends_job=True),
                                 "slurm": Starter(ends_job=False)}
 
 
-class RankInfo(NamedTuple):
+@named_tuple
+class RankInfo:
     rank: int
     size: int
     local_rank: int
@@ -99,6 +104,7 @@ def from_environ(env: dict[str, str], ppid: int = 0) -> RankInfo | None:
                         job_key=key, nodes=job_nodes(env))
     if in_slurm_step(env):
         node = _int(env, "SLURM_NODEID") or 0
+        from ...slurm.nodelist import expand_hostlist, parse_tasks_per_node   # Slurm only
         per_node = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE",
                                                 env.get("SLURM_TASKS_PER_NODE", "1")))
         nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST", env.get("SLURM_NODELIST", "")))
@@ -129,8 +135,12 @@ def _slurm_step_key(env: dict[str, str]) -> str | None:
 
 def job_nodes(env: dict[str, str]) -> tuple[str, ...]:
     """The nodes of the Slurm job this process runs in (empty outside Slurm)."""
+    text = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", ""))
+    if not text:
+        return ()
+    from ...slurm.nodelist import expand_hostlist
     try:
-        return expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
+        return expand_hostlist(text)
     except ValueError:
         return ()
 

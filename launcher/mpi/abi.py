@@ -21,15 +21,19 @@ records and never branch on their names.
 from __future__ import annotations
 
 import os
-import sysconfig
-from ...core.record import record
+import sys
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Callable, Iterable
 
+from ...core.record import record
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
     from ..node.placement import Placement
 
-MULTIARCH: str = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
+# sysconfig's MULTIARCH, read where the interpreter keeps it (importing sysconfig: ~1 ms)
+MULTIARCH: str = (getattr(sys.implementation, "_multiarch", "")
+                  or f"{os.uname().machine}-linux-gnu")
 
 # The dynamic loader's default directories (ld.so finds libraries there without
 # LD_LIBRARY_PATH), most specific first.

@@ -30,9 +30,10 @@ import mmap
 import os
 import re
 from ...core.record import record
-from typing import TYPE_CHECKING, Iterator
 
+TYPE_CHECKING = False     # typing's constant, without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from elftools.elf.elffile import ELFFile
     from elftools.elf.sections import Section
 

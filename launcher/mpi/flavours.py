@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from ...core.record import record
 
 from ...core.paths import cache_root, which
@@ -127,6 +126,7 @@ def version_text(launcher: str, timeout: float, cache: str | None
                 return kept["text"], None
         except (OSError, ValueError, KeyError, AttributeError):
             pass
+    import subprocess   # here: a launch whose text is in the cache runs nothing
     try:
         out = subprocess.run([launcher, "--version"], capture_output=True, text=True,
                              timeout=timeout, check=False)

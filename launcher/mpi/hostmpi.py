@@ -9,11 +9,9 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
-import struct
-import subprocess
+import sys
 from collections.abc import Iterator
 from ...core.record import record, replace
 
@@ -44,6 +42,7 @@ class HostMpi:
 
 def _markers(path: str) -> tuple[abi.Implementation | None, str]:
     """(implementation, version) from the strings inside the library file."""
+    import mmap
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         for impl in abi.IMPLEMENTATIONS:
             if data.find(impl.marker) < 0:
@@ -137,7 +136,7 @@ def _first_libmpi(directory: str, prefer: str | None) -> HostMpi | None:
 def parse_ldconfig(output: str) -> dict[str, str]:
     """``ldconfig -p`` output as {name: first path} (64-bit entries on 64-bit hosts)."""
     found: dict[str, str] = {}
-    wide = struct.calcsize("P") == 8
+    wide = sys.maxsize > 2 ** 32
     for line in output.splitlines():
         m = re.match(r"\s+(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)", line)
         if not m:
@@ -156,6 +155,7 @@ def run_ldconfig(env: dict[str, str] | None = None) -> str:
     binary = which("ldconfig", path=path)
     if not binary:
         return ""
+    import subprocess
     try:
         return subprocess.run([binary, "-p"], capture_output=True, text=True, timeout=30,
                               check=False).stdout

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from ...core.record import record
 
 from ...core.paths import which
 from ...core.errors import UserError
-from . import abi, hostmpi
+from . import abi
 from ..job.site import SiteProfile
 
 PMI_SUBDIR = "pmi"      # staged as lib/pmi/<soname>, off the library search path
@@ -90,6 +89,7 @@ def srun_list(env: dict[str, str] | None = None, timeout: float = 30.0) -> str:
         raise UserError("srun not found on PATH",
                         "run inside a Slurm installation, or start the ranks with mpirun "
                         "(--launcher mpirun)")
+    import subprocess   # here, as the other commands' runs: most launches run none
     try:
         out = subprocess.run([binary, "--mpi=list"], capture_output=True, text=True,
                              timeout=timeout, env=env, check=False)
@@ -191,6 +191,7 @@ def find_library(lib: abi.PmiLibrary, env: dict[str, str], site: SiteProfile | N
             path = os.path.join(directory, name)
             if os.path.isfile(path):
                 return path
+    from . import hostmpi
     cache = hostmpi.parse_ldconfig(hostmpi.run_ldconfig(env) if ldconfig_output is None
                                    else ldconfig_output)
     for name in lib.sonames:

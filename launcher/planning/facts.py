@@ -12,7 +12,6 @@ import os
 import _socket   # the C module: socket.py adds selectors, array and enum tables (~5 ms)
 import sys
 from ...core.record import record
-from typing import TYPE_CHECKING
 
 from ...core.paths import cache_root, which
 from ..mpi import flavours
@@ -27,6 +26,7 @@ from ..node.topology import Topology
 from ...core.errors import UserError
 from ..mpi import pmi
 
+TYPE_CHECKING = False     # typing's constant, without importing typing
 if TYPE_CHECKING:
     from ..container.containerplan import ContainerFacts
 

@@ -10,11 +10,14 @@ what it writes and compares).
 from __future__ import annotations
 
 from ...core.record import fields, record, replace
-from typing import Iterator, Mapping
 
 from ...core.errors import UserError
 from ..container.containers import DEFAULT_RUNTIME, NO_RUNTIME, RUNTIMES as RUNTIME_RECORDS
 from ..mpi.abi import FLAVOURS
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
 
 LAUNCHERS = ("auto", "mpirun", "srun")
 RUNTIMES = (*RUNTIME_RECORDS, NO_RUNTIME)

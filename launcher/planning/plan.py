@@ -12,10 +12,8 @@ ranks' commands itself (:func:`direct_mpirun_plan`, :mod:`hpcai.launcher.outerpl
 
 from __future__ import annotations
 
-import json
 import os
 from ...core.record import asdict, field, record, replace
-from typing import TYPE_CHECKING
 
 from ...core.errors import UserError
 from ..mpi import pmi
@@ -35,6 +33,7 @@ from ..node.placement import Placement, plan_placement, thread_env
 from ..job.rankenv import RankInfo
 from ..node.topology import Topology, allowed_env
 
+TYPE_CHECKING = False     # typing's constant, without importing typing
 if TYPE_CHECKING:
     from ..container.containerplan import ContainerFacts
 
@@ -117,6 +116,7 @@ class LaunchPlan:
         return data
 
     def to_json(self) -> str:
+        import json     # here: only --dry-run --json prints it
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     def render(self) -> str:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
 
 from ...core.errors import USAGE_EXIT, UserError
 from ..job import jobplan
 from ..job.rankenv import abort_fd
 from .child import end_by_signal, exec_command, start_child
 
+TYPE_CHECKING = False     # typing's constant, without importing typing
 if TYPE_CHECKING:
     from ..planning.plan import LaunchPlan
     from ..job.rankenv import RankInfo

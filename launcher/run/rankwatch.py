@@ -32,10 +32,13 @@ import os
 import signal
 import sys
 import time
-from typing import NoReturn
 
 from .child import end_by_signal, start_child
 from ..job.rankenv import RankInfo
+
+TYPE_CHECKING = False     # typing's constant, without importing typing
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 STOPPED = 75            # EX_TEMPFAIL: stopped on purpose (hpcai-train's EXIT_PREEMPTED)
 GRACE_S = 3.0
