@@ -3,7 +3,7 @@
 The payload is a real model's gradient set (ResNet50: 161 tensors, 102 MB; 3DGAN: 46
 tensors, 3.8 MB). "fused" is the engine's ``GradAllreducer`` with its defaults (4 MiB
 buckets in one arena, overlap, the progress strategy of the loaded MPI family,
-``allreduce.PROGRESS``, and its largest call, ``allreduce.CHUNK_BYTES``; ``--progress`` and
+``allreduce.PROGRESS``, and the call size it measures fastest; ``--progress`` and
 ``--bucket-mb`` override them; the ranks have the environment ``train`` gives the engine,
 ``allreduce.THREAD_ENV``, as do the raw sides in the same processes); "fused blocking" is
 the same with ``overlap=False`` (a barrier, then ``MPI_Allreduce`` per bucket in
@@ -343,7 +343,6 @@ def main() -> int:
             print(f"{name:9s} {nbytes / 1e6:6.1f} MB {k:14s} n={len(v)} "
                   f"median {med * 1e3:8.2f} ms ({nbytes / med / 1e9:.2f} GB/s)")
     print_rows(rows)
-    from hpcai.training.allreduce import CHUNK_BYTES
     from hpcai.training.sync import DEFAULT_BUCKET_MB
 
     settings = {"ranks": 2, "threads_per_rank": 1, "mpi": args.mpi,
@@ -353,7 +352,6 @@ def main() -> int:
                 "fused": "GradAllreducer (buckets of bucket_mb in one arena, overlap), "
                          "replay_backward() + synchronize()",
                 "bucket_mb": args.bucket_mb or DEFAULT_BUCKET_MB,
-                "largest_call_bytes": CHUNK_BYTES,
                 "progress": {n: r["progress"] for n, r in runs[0].items()},
                 "call_bytes_chosen": {n: [run[n]["call_bytes"] for run in runs] for n in runs[0]},
                 "retunes": {n: [run[n].get("retunes") for run in runs] for n in runs[0]},

@@ -4,8 +4,8 @@ The target rows of ``allreduce_bw`` compare a training step's exchange with raw 
 back to back. An engine always does some work between two exchanges (its hooks and
 ``synchronize``), so this measures the ceiling that work sets, whoever does it. One float32
 buffer on transparent huge pages (``hostmem.huge_zeros``) of the 3DGAN's gradient bytes
-(``--bytes``), reduced in place as the engine reduces it (one call, or calls of the family's
-largest size, ``allreduce.CHUNK_BYTES``). Sides: the calls back to back, and the calls each
+(``--bytes``), reduced in place in one call, as the engine reduces it when the whole arena
+is its fastest call size. Sides: the calls back to back, and the calls each
 after ``g`` µs of busy work in Python on every rank (``--gaps``), and after the engine's
 own work for one 3DGAN exchange (its backward hooks and ``synchronize`` with a transport
 that sends nothing, timed apart), beside that work back to back. A trial repeats the
@@ -51,7 +51,7 @@ def _spin(seconds: float) -> None:
 def _as_rank(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from hpcai.training.allreduce import largest_call, mpi_family, set_thread_env
+    from hpcai.training.allreduce import mpi_family, set_thread_env
     from hpcai.training.hostmem import huge_zeros
 
     set_thread_env()   # the environment train gives the engine, before MPI starts
@@ -62,7 +62,7 @@ def _as_rank(args: argparse.Namespace) -> int:
     start = (np.random.default_rng(comm.rank).standard_normal(n) * 2.0**-100).astype(np.float32)
     buf = huge_zeros(n, np.float32)
     buf[:] = start
-    step = largest_call(mpi_family(), 4) or n
+    step = n
 
     def exchange() -> None:
         for lo in range(0, n, step):

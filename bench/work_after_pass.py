@@ -8,8 +8,11 @@ to back, (b) after a busy spin, and (c) after ``np.add`` over two float32 buffer
 3DGAN's gradient bytes on transparent huge pages (``hostmem.huge_zeros``), what a 2-rank
 shared-memory exchange reads and writes; the spin lasts as long as the pass. A trial is the
 median of ``--repeat`` timings of the work, each after its side's prelude; the sides
-alternate (A B C C B A ...), ``--trials`` each after a warm-up round. Reported rows, no
-target: back to back ÷ after the spin, and back to back ÷ after the pass.
+alternate (A B C D D C B A ...), ``--trials`` each after a warm-up round. A fourth side
+times only the part of that work that reads every parameter's ``.grad`` (``_replaced``: is
+each gradient still its view into the arena?), after the pass. Reported rows, no target:
+back to back ÷ after the spin, back to back ÷ after the pass, and that read ÷ the whole work,
+both after the pass.
 
     python bench/work_after_pass.py            (bench/results/)
 """
@@ -27,6 +30,7 @@ from common import RESULTS, Row, print_rows, provenance, run_alternating, write_
 BACK_TO_BACK = "back to back"
 AFTER_SPIN = "after a spin as long as the pass"
 AFTER_PASS = "after a pass over the exchange's bytes"
+CHECK_AFTER_PASS = "the gradient read alone, after a pass over the exchange's bytes"
 
 
 def main() -> int:
@@ -45,7 +49,7 @@ def main() -> int:
     from allreduce_bw import _Idle
     from call_gap import _gan_bytes
     from hpcai.models import gan3d
-    from hpcai.training.allreduce import GradAllreducer
+    from hpcai.training.allreduce import GradAllreducer, _replaced
     from hpcai.training.hostmem import huge_zeros
 
     info = provenance()
@@ -76,14 +80,19 @@ def main() -> int:
         while time.perf_counter() < end:
             pass
 
-    def side(prelude):
+    bucket = engine._solo[0]
+
+    def check() -> None:
+        _replaced(bucket)
+
+    def side(prelude, timed=work):
         def trial() -> float:
             times = []
             for _ in range(args.repeat):
                 if prelude is not None:
                     prelude()
                 t0 = time.perf_counter()
-                work()
+                timed()
                 times.append(time.perf_counter() - t0)
             return statistics.median(times)
         return trial
@@ -91,11 +100,13 @@ def main() -> int:
     for _ in range(200):
         work()
     values = run_alternating({BACK_TO_BACK: side(None), AFTER_SPIN: side(spin),
-                              AFTER_PASS: side(memory_pass)}, args.trials)
+                              AFTER_PASS: side(memory_pass),
+                              CHECK_AFTER_PASS: side(memory_pass, check)}, args.trials)
     engine.close()
     us = {k: f"{statistics.median(v) * 1e6:.1f} µs" for k, v in values.items()}
     note = (f"medians of the work: back to back {us[BACK_TO_BACK]}, after the spin "
-            f"{us[AFTER_SPIN]}, after the pass {us[AFTER_PASS]}; the pass took "
+            f"{us[AFTER_SPIN]}, after the pass {us[AFTER_PASS]}; the gradient read alone "
+            f"after the pass {us[CHECK_AFTER_PASS]}; the pass took "
             f"{pass_s * 1e6:.0f} µs")
     what = (f"the engine's own work for one 3DGAN exchange ({len(engine._hooks)} backward "
             "hook(s) and synchronize, a transport that sends nothing)")
@@ -103,7 +114,10 @@ def main() -> int:
                        values[BACK_TO_BACK], values[AFTER_SPIN], note),
             Row.report("work-after-pass", f"{what}: back to back ÷ after a pass over the "
                        f"exchange's {nbytes / 1e6:.1f} MB (np.add of two buffers)",
-                       values[BACK_TO_BACK], values[AFTER_PASS], note)]
+                       values[BACK_TO_BACK], values[AFTER_PASS], note),
+            Row.report("read-share-after-pass", f"after a pass: reading every parameter's "
+                       f".grad ({len(bucket.params)} parameters, is each still its view?) ÷ "
+                       "the whole work", values[CHECK_AFTER_PASS], values[AFTER_PASS], note)]
     print_rows(rows)
     settings = {"trials": args.trials, "repeat": args.repeat, "bytes": nbytes,
                 "pass_us": round(pass_s * 1e6, 1), "threads": 1}

@@ -385,16 +385,14 @@ def test_comm_thread_take_over_returns_the_pieces_not_started():
 
 def test_pieces_made_at_the_end_are_joined_only_where_the_calls_stay_the_same():
     """The last hook makes the pieces the thread did not start as one transport call per
-    stream, so no Python runs between their MPI calls; that changes no call (the same
-    boundaries on every rank, whichever thread made which piece) only where the family's
-    largest call divides the chunk. Intel MPI (1 MiB calls): chunks of 2 MiB are joined, of
-    1.5 MiB not (the control); pieces of two streams never are."""
+    stream, so no Python runs between their MPI calls: consecutive pieces of one stream with
+    one call size are joined (the same calls). Pieces of two streams, of another call size
+    or with a gap between them are not (the controls)."""
     import torch
 
     from hpcai.training.allreduce import GradAllreducer
 
     reducer = GradAllreducer.__new__(GradAllreducer)
-    reducer.transport = type("T", (), {"family": "intel"})()
     a = type("S", (), {"flat": torch.zeros(4)})()
     b = type("S", (), {"flat": torch.zeros(4)})()
     mib = (1 << 20) // 4   # float32 elements
@@ -402,19 +400,21 @@ def test_pieces_made_at_the_end_are_joined_only_where_the_calls_stay_the_same():
     def pieces(stream, chunk, n):
         return [(stream, i * chunk, (i + 1) * chunk, chunk) for i in range(n)]
     assert reducer._merged(pieces(a, 2 * mib, 3)) == [(a, 0, 6 * mib, 2 * mib)]
-    assert reducer._merged(pieces(a, mib * 3 // 2, 3)) == pieces(a, mib * 3 // 2, 3)
     assert reducer._merged(pieces(a, mib // 2, 2) + pieces(b, mib // 2, 1)) == [
         (a, 0, mib, mib // 2), (b, 0, mib // 2, mib // 2)]
-    reducer.transport.family = "openmpi"   # no largest call: always joined
-    assert reducer._merged(pieces(a, mib * 3 // 2, 3)) == [(a, 0, mib * 9 // 2, mib * 3 // 2)]
+    other_size = [(a, 0, mib, mib), (a, mib, 2 * mib, mib // 2)]
+    assert reducer._merged(other_size) == other_size
+    gap = [(a, 0, mib, mib), (a, 2 * mib, 3 * mib, mib)]
+    assert reducer._merged(gap) == gap
 
 
 def test_call_size_is_measured_on_the_arena_and_agreed():
     """Without ``call_mb`` the reducer times its arena's reduction at each candidate size
     (1, 4, 16, 64 MiB below the arena's size, and the whole arena) and every rank takes
     rank 0's choice; the arena's
-    contents (gradients already there) are kept. A small arena has one candidate, itself,
-    and nothing is timed (the control), as for Intel MPI, whose calls are at most 1 MiB."""
+    contents (gradients already there) are kept, and so it is for every MPI family (Intel
+    MPI too: which size is fastest differs between hosts). A small arena has one
+    candidate, itself, and nothing is timed (the control)."""
     import torch
 
     from hpcai.training.allreduce import CALIBRATION_ROUNDS, GradAllreducer
@@ -434,10 +434,11 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     small = _Recorder()
     GradAllreducer(_linear_stack(), small)
     assert small.agreed == [] and small.calls == []
-    intel = _Recorder()   # a family that splits calls above 1 MiB itself: 1 MiB, untimed
+    intel = _Recorder()
     intel.family = "intel"
-    (capped,) = GradAllreducer(big, intel).streams
-    assert intel.agreed == [] and intel.calls == [] and capped.chunk == 2**18
+    (timed,) = GradAllreducer(big, intel).streams
+    assert timed.sizes == stream.sizes and intel.agreed[1] == timed.chunk
+    assert len(intel.calls) > 1
     reducer.close()
 
 
@@ -785,24 +786,26 @@ def test_a_bucket_closes_once_it_holds_the_limit():
 
 @pytest.fixture(scope="module")
 def intel_job(tmp_path_factory):
-    """chunked_allreduce.py as Intel MPI, then treated as Open MPI: one 2-rank Intel MPI job
-    (one_job.py, two parts)."""
+    """chunked_allreduce.py under Intel MPI: one call, then 1 MiB calls; then the same as
+    Open MPI: one 2-rank Intel MPI job (one_job.py, three parts)."""
     folder = tmp_path_factory.mktemp("intel")
-    return one_job("intel", [["intel", "chunked_allreduce.py"],
-                             ["openmpi", "chunked_allreduce.py", "--family", "openmpi"]],
+    return one_job("intel", [["whole", "chunked_allreduce.py"],
+                             ["split", "chunked_allreduce.py", "--call", str(1 << 18)],
+                             ["as-openmpi", "chunked_allreduce.py", "--family", "openmpi"]],
                    folder, timeout=300)
 
 
-@pytest.mark.parametrize("family, calls", [(None, 4), ("openmpi", 1)],
-                         ids=["intel", "whole-bucket (control)"])
-def test_intel_mpi_reduces_a_large_bucket_in_its_fast_chunks(family, calls, intel_job):
-    """Under Intel MPI a 3 MiB bucket is reduced as four calls of at most 1 MiB
-    (``allreduce.CHUNK_BYTES``), and both ranks get the exact sum; the control, the same
-    run treated as Open MPI, reduces it in one call."""
-    printed, exits = part(intel_job, family or "intel")
+@pytest.mark.parametrize("name, want", [("whole", "intel 1 ok"), ("split", "intel 4 ok"),
+                                        ("as-openmpi", "openmpi 1 ok")],
+                         ids=["intel", "1 MiB calls (control)", "as open mpi"])
+def test_intel_mpi_reduces_a_bucket_in_the_calls_it_is_asked_for(name, want, intel_job):
+    """Under Intel MPI a 3 MiB bucket is reduced in one call, as under the other families
+    (no family caps its calls: the call size is measured, ``_call_sizes``), and both ranks
+    get the exact sum; the control asks for 1 MiB calls and gets four."""
+    printed, exits = part(intel_job, name)
     assert exits == ["exit 0"] * 2, intel_job.stderr[-3000:]
     lines = sorted(line for line in printed if line.endswith(("ok", "FAIL")))
-    assert lines == [f"{family or 'intel'} {calls} ok"] * 2, printed
+    assert lines == [want] * 2, printed
 
 
 _FAMILY_PROGRESS = """

@@ -80,8 +80,7 @@ class MpiTransport:
 
     def blocking(self, flat: torch.Tensor, call: int = 0) -> None:
         """``MPI_Allreduce`` of ``flat`` in place, in consecutive calls of ``call`` elements
-        (0: one call), and of at most :data:`CHUNK_BYTES` where the family has a size it
-        reduces faster. One conversion to NumPy for all the calls: between two calls there is
+        (0: one call). One conversion to NumPy for all the calls: between two calls there is
         only the slicing."""
         array, copy_back = host_array(flat)
         self.blocking_host(array, call)
@@ -92,8 +91,7 @@ class MpiTransport:
         """:meth:`blocking` of a NumPy array: a view of a host arena made once, so that no
         torch call runs between two MPI calls (a torch slice converted before each call made
         the calls slower in 2-rank runs here)."""
-        cap = largest_call(self.family, array.itemsize)
-        step = min(call or array.size, cap or array.size)
+        step = call or array.size
         if array.size > step:
             allreduce, in_place, op = self.comm.Allreduce, self._mpi.IN_PLACE, self._mpi.SUM
             for start in range(0, array.size, step):
@@ -565,20 +563,14 @@ def thread_env_on(family: str) -> bool:
     key, _ = THREAD_ENV[family]
     return os.environ.get(key, "").strip().lower() not in _OFF
 
-# The largest single MPI_Allreduce a family's blocking path issues; a bucket above it is
-# reduced in consecutive calls of this size. Intel MPI 2021 (impi-rt, 2 ranks, shared
-# memory, bench/results/allreduce_bw-vm-20261129T012127.json): the ResNet50 set took
-# 16.4 ms as raw 1 MB calls against 37.2 ms as 4 MB calls and 103 ms as one call. Open MPI
-# and MPICH reduce whole buckets: capping their calls at 4 MiB was not faster in 2-rank
-# shared-memory runs.
-CHUNK_BYTES = {"intel": 1 << 20}
 
 
-def largest_call(family: str, itemsize: int) -> int:
-    """Elements in the largest single call of ``family``'s blocking path (:data:`CHUNK_BYTES`;
-    0: no limit): a longer call is made as consecutive calls of this size."""
-    return CHUNK_BYTES.get(family, 0) // itemsize
 
+def _replaced(bucket: _Bucket) -> bool:
+    """Whether a gradient of ``bucket`` is not its view into the arena (replaced, or None):
+    one read of every parameter's ``.grad``, the engine's largest own work for a model in
+    one bucket (``bench/work_after_pass.py``)."""
+    return any(map(operator.is_not, [p.grad for p in bucket.params], bucket.views))
 
 class GradAllreducer:
     """Average the gradients of ``module``'s parameters across the transport's ranks.
@@ -684,14 +676,11 @@ class GradAllreducer:
         return streams
 
     def _call_sizes(self, arena: torch.Tensor) -> list[int]:
-        """Candidate elements per call: :data:`CALL_BYTES` below the arena's size and the
-        whole arena; only those up to the family's :data:`CHUNK_BYTES`, where it has one."""
+        """Candidate elements per call, for every MPI family alike: :data:`CALL_BYTES` below
+        the arena's size and the whole arena (which is fastest differs between hosts of one
+        family: measured, never assumed)."""
         total, item = arena.numel(), arena.element_size()
-        sizes = [b // item for b in CALL_BYTES if b // item < total] + [total]
-        cap = self._largest_call(item)
-        if cap:   # the transport splits larger calls itself: only the sizes it would make
-            sizes = [n for n in sizes if n <= cap] or [min(cap, total)]
-        return sizes
+        return [b // item for b in CALL_BYTES if b // item < total] + [total]
 
     def _calibrate(self, arena: torch.Tensor, sizes: list[int]) -> int:
         """Elements per call: of ``sizes``, the one that reduced ``arena`` fastest on rank 0
@@ -859,21 +848,15 @@ class GradAllreducer:
             self._reset()
             raise
 
-    def _largest_call(self, itemsize: int) -> int:
-        """:func:`largest_call` of the transport's family (none: no limit)."""
-        return largest_call(getattr(self.transport, "family", ""), itemsize)
-
     def _merged(self, pieces: list[tuple]) -> list[tuple]:
-        """``pieces`` with consecutive ones of a stream joined, where that leaves the calls the
-        same (the chunk is at most the transport's largest call, or a multiple of it): one
-        transport call, with no Python between its MPI calls but the loop's, for several."""
+        """``pieces`` with consecutive ones of a stream joined (same stream and call size,
+        contiguous: the calls stay the same): one transport call, with no Python between its
+        MPI calls but the loop's, for several."""
         if len(pieces) < 2:
             return pieces
         out: list[tuple] = []
         for stream, lo, hi, chunk in pieces:
-            step = self._largest_call(stream.flat.element_size())
-            if out and out[-1][0] is stream and out[-1][2] == lo and out[-1][3] == chunk \
-                    and (not step or chunk <= step or chunk % step == 0):
+            if out and out[-1][0] is stream and out[-1][2] == lo and out[-1][3] == chunk:
                 out[-1] = (stream, out[-1][1], hi, chunk)
             else:
                 out.append((stream, lo, hi, chunk))
@@ -907,7 +890,7 @@ class GradAllreducer:
         one was replaced or is None), each counted as a share of the mean if its backward's
         loss was divided (as the bucket's hook saw it; if that parameter got no gradient,
         as :meth:`backward` left it), then :meth:`_complete`."""
-        if any(map(operator.is_not, [p.grad for p in bucket.params], bucket.views)):
+        if _replaced(bucket):
             self._pack(bucket)
         divided = bucket.seen - SHARE_OF if bucket.seen else self._divided
         bucket.arrived[:] = [SHARE_OF + divided] * bucket.n
@@ -994,7 +977,7 @@ class GradAllreducer:
         rank's share (divided unless backward's loss was, :meth:`_close_tail`), in blocking
         mode the barrier, the calls, and the call size's bookkeeping."""
         bucket, stream = self._solo
-        if any(map(operator.is_not, [p.grad for p in bucket.params], bucket.views)):
+        if _replaced(bucket):
             self._pack(bucket)
         if (bucket.seen - SHARE_OF if bucket.seen else self._divided) != self.size:
             bucket.flat.div_(self.size)
