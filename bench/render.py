@@ -192,13 +192,15 @@ SUMMARY = {   # benchmark: what its rows compare, for the README's one-line summ
 }
 
 
-# Benchmarks run once per MPI: their blocks show every file of the newest file's commit.
+# Benchmarks run once per MPI: their blocks show each MPI's newest file.
 PER_MPI = {"allreduce_bw", "call_gap"}
 
 
-def _newest_commit(files: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
-    commit = files[-1][1]["provenance"]["git_commit"]
-    return [(f, d) for f, d in files if d["provenance"]["git_commit"] == commit]
+def _newest_per_mpi(files: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """Each MPI's newest file, oldest first (``files`` is): their commits may differ, and
+    each table's provenance line names its own."""
+    newest = {_mpi(d): (f, d) for f, d in files}
+    return [(f, d) for f, d in files if newest[_mpi(d)][0] == f]
 
 
 def _mpi(data: dict) -> str:
@@ -207,14 +209,14 @@ def _mpi(data: dict) -> str:
 
 def _summary_table(results: Path) -> str:
     """One line per benchmark of SUMMARY: its verdicts counted, and its newest file (for
-    PER_MPI, every file of the newest commit)."""
+    PER_MPI, each MPI's newest file)."""
     lines = ["| benchmark | what | verdicts | file |", "|---|---|---|---|"]
     for benchmark, what in SUMMARY.items():
         files = by_date(benchmark, results)
         path, data = files[-1]
         names = f"`bench/results/{path.name}`"
         if benchmark in PER_MPI:
-            shown = _newest_commit(files)
+            shown = _newest_per_mpi(files)
             verdicts = Counter(r["verdict"] for _, d in shown for r in d["rows"])
             names = ", ".join(f"`bench/results/{f.name}` ({_mpi(d)})" for f, d in shown)
         elif benchmark == "learning":
@@ -311,7 +313,7 @@ def render_readme(text: str, results: Path) -> str:
             body = ALL_FILES[m.group(2)]([(f.name, data) for f, data in files])
         elif m.group(2) in PER_MPI:
             body = "\n".join(f"**{_mpi(d)}**\n\n"
-                             + render_table(d, f.name) for f, d in _newest_commit(files))
+                             + render_table(d, f.name) for f, d in _newest_per_mpi(files))
         else:
             body = render_table(files[-1][1], files[-1][0].name)
         return m.group(1) + body + m.group(4)
