@@ -1,6 +1,6 @@
 """Fused gradient allreduce vs the best raw ``MPI_Allreduce`` of the same bytes, 2 ranks.
 
-The payload is a real model's gradient set (ResNet50: 161 tensors, 102 MB; 3DGAN: 46
+The payload is a real model's gradient set (ResNet50: 161 tensors, 102 MB; 3DGAN: 31
 tensors, 3.8 MB). "fused" is the engine's ``GradAllreducer`` with its defaults (4 MiB
 buckets in one arena, overlap, the progress strategy of the loaded MPI family,
 ``allreduce.PROGRESS``, and the call size it measures fastest; ``--progress`` and
