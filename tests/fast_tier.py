@@ -18,6 +18,7 @@ FAST = frozenset({
     "test_results_size.py",
     "test_record.py",
     "test_child.py",
+    "test_train_help.py",
     "test_gpu_driver.py::test_gather_lists_the_compute_files_devices_and_binary",
     "test_gpu_driver.py::test_no_driver_is_not_an_error",
     "test_gpu_driver.py::test_a_driver_library_of_another_version_than_the_module_is_refused",

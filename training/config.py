@@ -187,7 +187,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="--comm mpi: who makes the MPI calls during backward: the backward "
                         "hooks (hook) or a communication thread while backward goes on "
                         "(thread, needs MPI_THREAD_SERIALIZED); default: the MPI family's "
-                        "(MPICH: thread; Open MPI and Intel MPI: hook)")
+                        "(Open MPI: thread; MPICH and Intel MPI: hook)")
     p.add_argument("--verify-every", type=int, default=50,
                    help="check replicas are identical every K steps (0: epoch ends only)")
     p.add_argument("--bn", choices=("local", "average"), default="local",
