@@ -564,13 +564,12 @@ def thread_env_on(family: str) -> bool:
     return os.environ.get(key, "").strip().lower() not in _OFF
 
 
-
-
 def _replaced(bucket: _Bucket) -> bool:
     """Whether a gradient of ``bucket`` is not its view into the arena (replaced, or None):
     one read of every parameter's ``.grad``, the engine's largest own work for a model in
     one bucket (``bench/work_after_pass.py``)."""
     return any(map(operator.is_not, [p.grad for p in bucket.params], bucket.views))
+
 
 class GradAllreducer:
     """Average the gradients of ``module``'s parameters across the transport's ranks.
