@@ -30,7 +30,9 @@ longer in one launch than in another. A reported row (no target) per fused side 
 the ceiling of an engine whose hooks run in Python (its own work with a transport that
 sends nothing, then the fastest raw setting's calls, in one trial) by the fused time, and
 one per model divides the best raw time by that ceiling's: the most a target row can reach
-with the hooks in Python.
+with the hooks in Python. A last diagnostic side times the part of that work that reads
+each ``.grad`` of the last bucket (``allreduce._replaced``; the 3DGAN's one bucket) followed
+by the same raw calls.
 
 Each launch is a fresh 2-rank job of ``--trials`` trials per side. Launches go on until
 every row's 95 % interval lies on one side of the target, at least ``--runs`` and at most
@@ -65,6 +67,7 @@ DIAG_IALLREDUCE = "diag: raw MPI_Iallreduce, 4 MB chunks, all started then Waita
 DIAG_SMALL_PAGES = "diag: raw MPI_Allreduce of the bucket sizes in torch.zeros buffers"
 DIAG_PYTHON = "diag: the fused step's own work, a transport that sends nothing"
 DIAG_PYTHON_RAW = "diag: that work, then the best raw setting's calls"
+DIAG_READ_RAW = "diag: the engine's gradient read alone, then the best raw setting's calls"
 
 
 def _as_rank(args: argparse.Namespace) -> int:
@@ -72,7 +75,8 @@ def _as_rank(args: argparse.Namespace) -> int:
     import torch
 
     from hpcai.models import gan3d, resnet
-    from hpcai.training.allreduce import GradAllreducer, MpiTransport, set_thread_env
+    from hpcai.training.allreduce import (GradAllreducer, MpiTransport, _replaced,
+                                          set_thread_env)
     from hpcai.training.hostmem import huge_zeros
 
     set_thread_env()   # the environment train gives the engine, before MPI starts
@@ -174,9 +178,15 @@ def _as_rank(args: argparse.Namespace) -> int:
             step(idle)()
             settings[fastest]()
 
+        def read_then_raw() -> None:   # the engine's per-step .grad read alone: the last
+            _replaced(reducer.buckets[-1])   # bucket's (the others' hooks see theirs)
+            settings[fastest]()
+
         sides[DIAG_PYTHON_RAW] = python_then_raw
-        values[DIAG_PYTHON_RAW] = []
+        sides[DIAG_READ_RAW] = read_then_raw
+        values[DIAG_PYTHON_RAW], values[DIAG_READ_RAW] = [], []
         timed(python_then_raw)
+        timed(read_then_raw)
         while len(values["fused"]) < args.trials:
             for s in alternating_order(list(sides), 2):   # one round: A B .. B A
                 values[s].append(timed(sides[s]))
@@ -265,7 +275,9 @@ def _rows(runs: list[dict]) -> list[Row]:
                     + f"; for scale, the same bucket sizes in separate torch allocations "
                     f"(no huge pages) {ms[DIAG_SMALL_PAGES]}; the fused step's own work with "
                     f"a transport that sends nothing {ms[DIAG_PYTHON]}, and that work followed "
-                    f"by the fastest raw setting's calls {ms[DIAG_PYTHON_RAW]}")
+                    f"by the fastest raw setting's calls {ms[DIAG_PYTHON_RAW]}; the "
+                    f"gradient read alone (is every .grad its view into the arena?) followed "
+                    f"by those calls {ms[DIAG_READ_RAW]}")
             rows.append(Row.across_runs(
                 f"allreduce-{name}-{fused.replace(' ', '-')}",
                 f"{name} gradients ({r['bytes'] / 1e6:.1f} MB, {r['buckets']} bucket(s), "

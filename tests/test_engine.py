@@ -219,39 +219,69 @@ def _linear_stack(width: int = 64, depth: int = 6):
 
 def test_calls_follow_the_arena_once_the_buckets_they_cover_are_complete():
     """With MPI's blocking calls the reducer reduces its arena in calls of ``call_mb``
-    that ignore bucket boundaries: during backward a call is made only when every bucket it
-    covers is complete, and after synchronize() the calls tile the arena exactly once, each
-    of the chunk size but the last. The control replays the hooks of a later bucket first:
-    no call is made until the first bucket completes too."""
+    that ignore bucket boundaries. With a communication thread, a call is handed over during
+    backward only when every bucket it covers is complete, and after synchronize() the calls
+    tile the arena exactly once, each of the chunk size but the last. The control hooks a
+    later bucket first: nothing is handed over until the first bucket completes too."""
     import torch
 
     from hpcai.training.allreduce import GradAllreducer
 
     model = _linear_stack()
-    rec = _Recorder()
-    reducer = GradAllreducer(model, rec, bucket_mb=0.02, call_mb=0.01)
+    rec = _ThreadedRecorder()
+    reducer = GradAllreducer(model, rec, bucket_mb=0.02, call_mb=0.01, progress="thread")
     rec.reducer = reducer
     (stream,) = reducer.streams
     assert len(reducer.buckets) >= 3 and stream.chunk == int(0.01 * 2**20) // 4
     reducer.backward(model(torch.randn(3, 64)).square().sum())
-    during = list(rec.calls)
+    handed = stream.sent
     reducer.synchronize()
     base = stream.flat.storage_offset()
     offsets = [lo - base for lo, _, _ in rec.calls]
     sizes = [n for _, n, _ in rec.calls]
-    assert during and all(ok for _, _, ok in rec.calls)
+    assert handed > 0 and all(ok for _, _, ok in rec.calls)
     assert offsets == list(range(0, stream.flat.numel(), stream.chunk))
     assert sizes[:-1] == [stream.chunk] * (len(sizes) - 1) and sum(sizes) == stream.flat.numel()
     assert reducer.stats.allreduces == len(sizes)
-    rec.calls.clear()
     later = reducer.buckets[1]
     for p in later.params:   # a later bucket complete first: nothing to send yet
         reducer._on_grad(p)
-    assert later.ready == len(later.params) and rec.calls == []
+    assert later.ready == len(later.params) and stream.sent == 0
     for p in reducer.buckets[0].params:
         reducer._on_grad(p)
-    assert rec.calls and all(ok for _, _, ok in rec.calls)
+    assert stream.sent > 0
+    reducer.synchronize()
+    assert all(ok for _, _, ok in rec.calls)
     reducer.close()
+
+
+def test_hook_progress_calls_in_one_run_once_backward_has_ended():
+    """``hook`` progress (MPICH, Intel MPI): no call while backward runs, every bucket but
+    the last complete; synchronize then makes them all, tiling the arena once. The control,
+    ``thread`` progress on the same model, hands calls over during backward."""
+    import torch
+
+    from hpcai.training.allreduce import GradAllreducer
+
+    sent = {}
+    for progress, rec in (("hook", _Recorder()), ("thread", _ThreadedRecorder())):
+        model = _linear_stack(width=64, depth=8)
+        layer = (64 * 64 + 64) * 4 / 2**20
+        reducer = GradAllreducer(model, rec, bucket_mb=layer, call_mb=layer / 3,
+                                 progress=progress)
+        rec.reducer = reducer
+        (stream,) = reducer.streams
+        assert len(reducer.buckets) == 8 and reducer.progress == progress
+        reducer.backward(model(torch.randn(3, 64)).square().sum())
+        assert all(b.ready == b.n for b in reducer.buckets[:-1])
+        sent[progress] = stream.sent
+        if progress == "hook":
+            assert rec.calls == []
+        reducer.synchronize()
+        assert sum(n for _, n, _ in rec.calls) == stream.flat.numel()
+        assert all(ok for _, _, ok in rec.calls)
+        reducer.close()
+    assert sent["hook"] == 0 and sent["thread"] > 0
 
 
 class _ThreadedRecorder(_Recorder):
@@ -439,40 +469,6 @@ def test_call_size_is_measured_on_the_arena_and_agreed():
     (timed,) = GradAllreducer(big, intel).streams
     assert timed.sizes == stream.sizes and intel.agreed[1] == timed.chunk
     assert len(intel.calls) > 1
-    reducer.close()
-
-
-def test_calls_during_backward_wait_for_a_quarter_of_the_arena():
-    """During backward, calls go in bursts once 1/BURSTS of the arena is complete: with eight
-    equal buckets, the first complete bucket sends nothing (the control), the second sends
-    both; the last bucket has no per-parameter hooks, so backward leaves it unsent and
-    synchronize sends the rest, the shorter last call included."""
-    import torch
-
-    from hpcai.training.allreduce import BURSTS, GradAllreducer
-
-    model = _linear_stack(width=64, depth=8)
-    rec = _Recorder()
-    layer = (64 * 64 + 64) * 4 / 2**20
-    reducer = GradAllreducer(model, rec, bucket_mb=layer, call_mb=layer / 3)
-    rec.reducer = reducer
-    (stream,) = reducer.streams
-    assert BURSTS == 4 and len(reducer.buckets) == 8
-    for p in reducer.buckets[0].params:
-        reducer._on_grad(p)
-    assert rec.calls == []
-    for p in reducer.buckets[1].params:
-        reducer._on_grad(p)
-    assert sum(n for _, n, _ in rec.calls) == reducer.buckets[1].end // stream.chunk * stream.chunk
-    for bucket in reducer.buckets[2:]:
-        for p in bucket.params:
-            reducer._on_grad(p)
-    tail = reducer.buckets[-1]
-    assert tail.ready == 0
-    assert sum(n for _, n, _ in rec.calls) <= tail.end - tail.n and len(tail.params) > 1
-    reducer.synchronize()
-    assert sum(n for _, n, _ in rec.calls) == stream.flat.numel()
-    assert all(ok for _, _, ok in rec.calls)
     reducer.close()
 
 

@@ -18,10 +18,11 @@ on its last parameter, which notes whether its loss was divided and catches a se
 gradient: that bucket completes when backward ends, so ``synchronize`` reduces it, and
 backward makes no Python call per parameter for it (for a model in one bucket, such as the
 3DGAN's networks, one per step in all).
-In overlap mode it reduces the bucket with one call: a blocking ``MPI_Allreduce`` right
-there, the same call handed to a communication thread while backward goes on, or a
-non-blocking ``MPI_Iallreduce`` poked by the later hooks (``progress``, chosen per MPI
-family: :data:`PROGRESS`). The sum of the shares is the mean, so no pass follows the
+In overlap mode the bucket's reduction is handed to a communication thread that makes
+blocking ``MPI_Allreduce`` calls while backward goes on, or started as a non-blocking
+``MPI_Iallreduce`` poked by the later hooks; with ``hook`` progress the blocking calls wait
+until backward has ended and are made in one run on its thread (``progress``, chosen per
+MPI family: :data:`PROGRESS`). The sum of the shares is the mean, so no pass follows the
 reduction. :meth:`synchronize` reduces what backward did not complete (unused parameters),
 waits for pending reductions and leaves every rank with the mean. Call it once after every
 backward: a second gradient before it (accumulation) is an error. Blocking mode
@@ -446,12 +447,12 @@ class _CommThread:
 # 4 MB calls in three launches and as one call in a fourth; MPICH's as 16 MB calls in six of
 # eight launches, 4 MB in two). The whole arena is always a candidate.
 CALL_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
-# During backward, a stream's calls are made in bursts, each once at least 1/BURSTS of its
-# arena is complete and not yet reduced (the rest at the last hook): blocking calls from the
-# hooks overlap nothing, and each burst begins with the faster rank waiting for the slower
-# one (bench/allreduce_bw.py, Intel MPI, ResNet50: 0.92 of raw with a burst per bucket,
-# 0.96 in bursts of a quarter).
-BURSTS = 4
+# With "hook" progress a stream's calls wait until backward has produced every gradient:
+# blocking calls made from the hooks on backward's thread overlap nothing, and each pause
+# between two runs of calls begins with the faster rank waiting for the slower one
+# (bench/allreduce_bw.py, Intel MPI, ResNet50, 2 x 3 launches each on one AMD EPYC VM host:
+# fused ÷ raw 0.953-0.996 with a run of calls once a quarter of the arena was complete,
+# 0.976-1.020 with one run when backward ends).
 CALIBRATION_ROUNDS = 3
 # The calibration's choice is a first guess: timed before training, on rank 0 alone, it
 # missed the fastest size in launches where the machine's MPI ran slower than while it
@@ -505,8 +506,9 @@ def mpi_family() -> str:
     return "other"
 
 
-# How each MPI family progresses a bucket's reduction: "hook" issues blocking MPI_Allreduce
-# calls from the backward hook that completes enough of the arena (in bursts, BURSTS);
+# How each MPI family progresses a bucket's reduction: "hook" makes the blocking
+# MPI_Allreduce calls on backward's thread once backward has produced every gradient, in one
+# run (the last bucket's hook, or synchronize);
 # "thread" hands the same calls to one communication thread (_CommThread) as soon as they
 # are complete, so backward goes on while they run; the last bucket's hook takes over the
 # calls the thread has not started (after the one it is making) and makes them and the
@@ -527,6 +529,8 @@ def mpi_family() -> str:
 #   (progress_modes-vm-20261129T225740.json): "hook".
 # With the huge-page arenas (progress_modes-vm-20261130T194831.json, ResNet50): MPICH 1.020
 # [1.000, 1.078] and Intel MPI 1.012 [0.974, 1.062], both unresolved: still "hook".
+# (In those runs "hook" made its calls during backward, each run once a quarter of the arena
+# was complete; they now wait for backward's end, which no training run has compared yet.)
 # With the last hook's take-over (progress_modes-vm-20261130T220330.json, 8 jobs, both
 # models): Open MPI 0.997 [0.975, 1.016] (ResNet50) and 0.995 [0.964, 1.016] (3DGAN), both
 # met: still "thread".
@@ -780,7 +784,8 @@ class GradAllreducer:
     def _complete(self, bucket: _Bucket) -> None:
         """This rank's gradients of ``bucket`` are final: scale them to its share of the mean
         (while backward just wrote them; not those that arrived from a loss divided by the
-        world size: already a share) and, overlapping, reduce them now."""
+        world size: already a share) and, overlapping with a communication thread or
+        non-blocking calls, start reducing them now."""
         start = time.perf_counter()
         share = SHARE_OF + self.size
         shares = bucket.arrived.count(share)
@@ -791,10 +796,10 @@ class GradAllreducer:
                 if how != share:
                     view.div_(self.size)
         if self.overlap:
-            if bucket.stream is not None:
-                self._advance(bucket.stream, final=False)
-            else:
+            if bucket.stream is None:
                 self._reduce(bucket)
+            elif self._thread is not None:   # "hook": every call once backward has ended
+                self._advance(bucket.stream, final=False)
         took = time.perf_counter() - start
         self.stats.wait_s += took   # the main thread's, in backward
         self._hook_wait += took
@@ -812,8 +817,6 @@ class GradAllreducer:
         if last:
             end = upto
         else:
-            if self._thread is None and upto - sent < stream.flat.numel() // BURSTS:
-                return   # too little for a burst yet: each starts with a wait for the slower rank
             end = sent + (upto - sent) // chunk * chunk
         if end > sent:   # every complete call at once: the transport loops over them
             if self._thread is not None and not last:

@@ -184,9 +184,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", action="store_true",
                    help="blocking allreduce after backward instead of overlapping it")
     p.add_argument("--allreduce-progress", choices=("hook", "thread"), default=None,
-                   help="--comm mpi: who makes the MPI calls during backward: the backward "
-                        "hooks (hook) or a communication thread while backward goes on "
-                        "(thread, needs MPI_THREAD_SERIALIZED); default: the MPI family's "
+                   help="--comm mpi: who makes the MPI calls: backward's thread once "
+                        "backward has ended (hook) or a communication thread while backward "
+                        "goes on (thread, needs MPI_THREAD_SERIALIZED); default: the MPI "
+                        "family's "
                         "(Open MPI: thread; MPICH and Intel MPI: hook)")
     p.add_argument("--verify-every", type=int, default=50,
                    help="check replicas are identical every K steps (0: epoch ends only)")
