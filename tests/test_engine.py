@@ -284,6 +284,48 @@ def test_hook_progress_calls_in_one_run_once_backward_has_ended():
     assert sent["hook"] == 0 and sent["thread"] > 0
 
 
+class _SlowBarrier(_Recorder):
+    """A recorder whose barrier takes 5 ms (the wait for a slower rank) and is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barriers = 0
+
+    def barrier(self) -> None:
+        self.barriers += 1
+        time.sleep(5e-3)
+
+
+@pytest.mark.parametrize("layers", [6, 1], ids=["buckets", "one bucket"])
+def test_blocking_mode_samples_the_imbalance_every_few_steps(layers, monkeypatch):
+    """Blocking mode times the wait for the slowest rank with a barrier on the first
+    synchronize and every IMBALANCE_EVERY-th after it, each wait counted IMBALANCE_EVERY
+    times; the calls still reduce the whole arena every step. The control: with
+    IMBALANCE_EVERY at 1, every step has its barrier."""
+    import torch
+
+    from hpcai.training import allreduce
+    from hpcai.training.allreduce import IMBALANCE_EVERY, GradAllreducer
+
+    every = {}
+    for n in (IMBALANCE_EVERY, 1):
+        monkeypatch.setattr(allreduce, "IMBALANCE_EVERY", n)
+        model = _linear_stack(depth=layers)
+        rec = _SlowBarrier()
+        reducer = GradAllreducer(model, rec, bucket_mb=0.02, overlap=False, call_mb=1)
+        rec.reducer = reducer
+        steps = IMBALANCE_EVERY + 1
+        for _ in range(steps):
+            reducer.backward(model(torch.randn(3, 64)).square().sum())
+            reducer.synchronize()
+        assert sum(k for _, k, _ in rec.calls) == steps * sum(b.flat.numel()
+                                                             for b in reducer.buckets)
+        every[n] = rec.barriers
+        assert reducer.stats.imbalance_s >= n * rec.barriers * 5e-3
+        reducer.close()
+    assert IMBALANCE_EVERY > 1 and every == {IMBALANCE_EVERY: 2, 1: IMBALANCE_EVERY + 1}
+
+
 class _ThreadedRecorder(_Recorder):
     """A recorder that allows a communication thread: it also records the thread of each
     call, takes 2 ms per call, and raises in the call after ``fail_at`` calls (when set)."""

@@ -26,9 +26,9 @@ MPI family: :data:`PROGRESS`). The sum of the shares is the mean, so no pass fol
 reduction. :meth:`synchronize` reduces what backward did not complete (unused parameters),
 waits for pending reductions and leaves every rank with the mean. Call it once after every
 backward: a second gradient before it (accumulation) is an error. Blocking mode
-(``overlap=False``) reduces all buckets in ``synchronize``, after a barrier that measures
-how long the fastest rank waited for the slowest (load imbalance, reported apart from the
-transfer).
+(``overlap=False``) reduces all buckets in ``synchronize``, after a barrier on every
+:data:`IMBALANCE_EVERY`-th step that measures how long the fastest rank waited for the
+slowest (load imbalance, reported apart from the transfer, as an estimate).
 
 The transport is MPI (mpi4py: whatever libmpi it loaded, the host MPI when the launcher
 bound it in), torch.distributed's gloo or Horovod, so all are measured with the same
@@ -454,6 +454,13 @@ CALL_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 # fused ÷ raw 0.953-0.996 with a run of calls once a quarter of the arena was complete,
 # 0.976-1.020 with one run when backward ends).
 CALIBRATION_ROUNDS = 3
+# Blocking mode separates the wait for the slowest rank (load imbalance) from the transfer
+# with a barrier before its calls, on every IMBALANCE_EVERY-th step only, each wait counted
+# IMBALANCE_EVERY times: a barrier at every step cost one latency per step
+# (bench/allreduce_bw.py, 3DGAN, 24 launches each on one AMD EPYC VM host: blocking ÷
+# default time 1.017 on Intel MPI, 1.004-1.005 on MPICH and Open MPI, whose default makes
+# the same calls without the barrier).
+IMBALANCE_EVERY = 8
 # The calibration's choice is a first guess: timed before training, on rank 0 alone, it
 # missed the fastest size in launches where the machine's MPI ran slower than while it
 # timed (bench/allreduce_bw.py, Open MPI, 2 ranks: 4 MB calls kept at about 30 ms per step
@@ -632,6 +639,7 @@ class GradAllreducer:
         self._divided = 0   # the world size, after backward() (replay_backward) divided a loss
         self._hook_wait = 0.0   # the main thread's seconds in this step's hooks
         self.retunes = 0   # how often the streams' trials ran again (_Watch)
+        self._syncs = 0    # synchronize calls in blocking mode (_imbalance)
         self._handles = []
         if self.size > 1:
             self._handles = [p.register_post_accumulate_grad_hook(hook)
@@ -948,9 +956,7 @@ class GradAllreducer:
         if self._pending:
             self.transport.wait_all(self._pending)
         elif not self.overlap:
-            arrived = time.perf_counter()
-            self.transport.barrier()   # separates load imbalance from transfer time
-            self.stats.imbalance_s += time.perf_counter() - arrived
+            self._imbalance()
             for bucket in self.buckets:
                 if bucket.stream is None:
                     self._reduce(bucket)
@@ -972,6 +978,18 @@ class GradAllreducer:
         self._reset()
         self.stats.wait_s = before + time.perf_counter() - start   # _complete's included
 
+    def _imbalance(self) -> None:
+        """Blocking mode, before its calls: on every :data:`IMBALANCE_EVERY`-th
+        synchronize (the first included; the count is the same on every rank), a barrier,
+        whose wait for the slowest rank counts :data:`IMBALANCE_EVERY` times in
+        ``stats.imbalance_s`` (an estimate of the whole wait)."""
+        self._syncs += 1
+        if (self._syncs - 1) % IMBALANCE_EVERY:
+            return
+        arrived = time.perf_counter()
+        self.transport.barrier()   # separates load imbalance from transfer time
+        self.stats.imbalance_s += IMBALANCE_EVERY * (time.perf_counter() - arrived)
+
     def _synchronize_solo(self, start: float, before: float) -> None:
         """:meth:`synchronize` for a model in one bucket, reduced as a stream: no hook made a
         call, so what the general path does in a dozen calls is done here in a few: the
@@ -984,9 +1002,7 @@ class GradAllreducer:
         if (bucket.seen - SHARE_OF if bucket.seen else self._divided) != self.size:
             bucket.flat.div_(self.size)
         if not self.overlap:
-            arrived = time.perf_counter()
-            self.transport.barrier()   # separates load imbalance from transfer time
-            self.stats.imbalance_s += time.perf_counter() - arrived
+            self._imbalance()
         chunk, n = stream.chunk, stream.flat.numel()
         bucket.ready = bucket.n
         called = time.perf_counter()

@@ -82,7 +82,8 @@ class EpochRecord:
     compute_s: float
     comm_s: float                   # gradient averaging + replica checks
     grad_sync_s: float
-    grad_sync_imbalance_s: float    # of grad_sync_s: waiting for the slowest rank (blocking)
+    grad_sync_imbalance_s: float    # of grad_sync_s: waiting for the slowest rank (blocking;
+    # measured on every allreduce.IMBALANCE_EVERY-th step, scaled up: an estimate)
     data_s: float
     samples_per_rank: int
     samples_per_s_per_rank: float

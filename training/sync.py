@@ -33,7 +33,8 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, limit: int) -> list[li
 @dataclass
 class SyncStats:
     """Seconds the main thread spent averaging (PyTorch: in the backward hooks and in
-    ``synchronize``; in blocking mode, of that the wait for the slowest rank to arrive),
+    ``synchronize``; in blocking mode, of that the wait for the slowest rank to arrive,
+    estimated from a sample of the steps: ``allreduce.IMBALANCE_EVERY``),
     bytes reduced, allreduce calls made."""
 
     wait_s: float = 0.0
