@@ -806,7 +806,7 @@ class GradAllreducer:
         if self.overlap:
             if bucket.stream is None:
                 self._reduce(bucket)
-            elif self._thread is not None:   # "hook": every call once backward has ended
+            elif self._thread is not None:   # ("hook" makes no call here: synchronize does)
                 self._advance(bucket.stream, final=False)
         took = time.perf_counter() - start
         self.stats.wait_s += took   # the main thread's, in backward

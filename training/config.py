@@ -187,8 +187,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="--comm mpi: who makes the MPI calls: backward's thread once "
                         "backward has ended (hook) or a communication thread while backward "
                         "goes on (thread, needs MPI_THREAD_SERIALIZED); default: the MPI "
-                        "family's "
-                        "(Open MPI: thread; MPICH and Intel MPI: hook)")
+                        "family's (Open MPI: thread; MPICH and Intel MPI: hook)")
     p.add_argument("--verify-every", type=int, default=50,
                    help="check replicas are identical every K steps (0: epoch ends only)")
     p.add_argument("--bn", choices=("local", "average"), default="local",
