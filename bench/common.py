@@ -103,6 +103,29 @@ def run_alternating(sides: dict[str, Callable[[], float]], trials: int,
     return values
 
 
+def run_until_resolved(sides: dict[str, Callable[[], object]],
+                       resolved: Callable[[dict[str, list]], bool], trials: int | None,
+                       min_trials: int, max_trials: int) -> dict[str, list]:
+    """Exactly ``trials`` alternating rounds when given; else rounds in pairs (so every pair
+    stays palindromic) until ``resolved(values)`` after at least ``min_trials``, or
+    ``max_trials`` are reached."""
+    if trials is not None:
+        return run_alternating(sides, trials, warmup=0)
+    values = run_alternating(sides, min(2, max_trials), warmup=0)
+    first = next(iter(sides))
+    while len(values[first]) < max_trials and (
+            len(values[first]) < min_trials or not resolved(values)):
+        for name, more in run_alternating(sides, 2, warmup=0).items():
+            values[name] += more
+    return values
+
+
+def resolved(*pairs: tuple[Sequence[float], Sequence[float], str, float]) -> bool:
+    """Whether every (a, b, op, target) ratio row has its 95 % interval on one side."""
+    return all(verdict(RatioStats.of(a, b), op, target) != "unresolved"
+               for a, b, op, target in pairs)
+
+
 @dataclass(frozen=True)
 class RatioStats:
     """Per-trial ratios A_i / B_i (the i-th trial of each side, paired in run order), or other

@@ -58,8 +58,8 @@ import time
 
 from pathlib import Path
 
-from common import (RESULTS, RatioStats, Row, loopback_env, model_and_loss, print_rows,
-                    provenance, verdict, write_result)
+from common import (RESULTS, Row, loopback_env, model_and_loss, print_rows, provenance,
+                    resolved, write_result)
 
 
 def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
@@ -192,10 +192,8 @@ def _resolved(t: dict[str, list[dict]], ddp: str) -> bool:
     """Every row's 95 % interval on one side of its target."""
     def of(side: str, key: str) -> list[float]:
         return [r[key] for r in t[side]]
-    pairs = ((of("hpcai", "median_step_s"), of("horovod", "median_step_s"), 0.9),
-             (of("hpcai", "sync_wait_s"), of(ddp, "sync_wait_s"), 0.5))
-    return all(verdict(RatioStats.of(a, b), "<=", target) != "unresolved"
-               for a, b, target in pairs)
+    return resolved((of("hpcai", "median_step_s"), of("horovod", "median_step_s"), "<=", 0.9),
+                    (of("hpcai", "sync_wait_s"), of(ddp, "sync_wait_s"), "<=", 0.5))
 
 
 def thread_cpu_s() -> dict[int, tuple[str, float]]:
@@ -268,7 +266,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.rank:
         return _as_rank(args.rank, args.models, args)
-    from common import run_alternating
+    from common import run_alternating, run_until_resolved
 
     info = provenance()
     rows, log = [], []
@@ -283,11 +281,8 @@ def main() -> int:
         print(f"  {model}: best DDP setting (least wait for gradients) {best_ddp}",
               flush=True)
         sides = {s: side(s) for s in ("hpcai", "horovod", best_ddp)}
-        t = run_alternating(sides, args.trials or 2, warmup=0)
-        while args.trials is None and len(t["hpcai"]) < args.max_trials and (
-                len(t["hpcai"]) < args.min_trials or not _resolved(t, best_ddp)):
-            for s, v in run_alternating(sides, 2, warmup=0).items():
-                t[s] += v
+        t = run_until_resolved(sides, lambda t, d=best_ddp: _resolved(t, d), args.trials,
+                               args.min_trials, args.max_trials)
         step = {s: [r["median_step_s"] for r in v] for s, v in t.items()}
         exposed = {s: [r["exposed_sync_s"] for r in v] for s, v in t.items()}
         rows += [

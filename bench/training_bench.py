@@ -32,8 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import (Row, gan_data, loopback_env, print_rows, provenance, run_alternating,
-                    write_result)
+from common import (Row, gan_data, loopback_env, print_rows, provenance, resolved,
+                    run_until_resolved, write_result)
 
 BATCH = {"resnet50": 8, "3dgan": 8}
 PEAK_TARGET = {"resnet50": 0.8, "3dgan": 0.6}
@@ -146,10 +146,22 @@ def kernel_rates() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _resolved(t: dict[str, list[dict]], model: str) -> bool:
+    """Both target rows (FLOP share, weak scaling) have their interval on one side."""
+    one, two = t[1], t[2]
+    return resolved(([r["gflops_per_rank"] for r in one],
+                     [r["peak_gflops_per_rank"] for r in one], ">=", PEAK_TARGET[model]),
+                    ([r["samples_per_s_per_rank"] for r in two],
+                     [r["samples_per_s_per_rank"] for r in one], ">=", WEAK_TARGET))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet50,3dgan")
-    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=None,
+                        help="exactly this many trials per side (default: until resolved)")
+    parser.add_argument("--min-trials", type=int, default=10)
+    parser.add_argument("--max-trials", type=int, default=20)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     info = provenance()
@@ -162,7 +174,8 @@ def main() -> int:
             sides = {r: (lambda r=r, m=model: run_config(m, r, args.steps, work, log))
                      for r in (1, 2)}
             sides["pair"] = lambda m=model: run_pair(m, args.steps, work, log)
-            t = run_alternating(sides, args.trials, warmup=0)
+            t = run_until_resolved(sides, lambda t, m=model: _resolved(t, m), args.trials,
+                                   args.min_trials, args.max_trials)
             one, two = t[1], t[2]
             per_rank = {side: [r["samples_per_s_per_rank"] for r in t[side]] for side in t}
             rows += [
@@ -199,6 +212,7 @@ def main() -> int:
     path = write_result("training", info, rows, {"runs": log, "kernel_gflops": kernels},
                         {"batch_per_rank": BATCH, "steps_per_epoch": args.steps,
                          "epochs": 2, "counted": "second epoch", "trials": args.trials,
+                         "min_trials": args.min_trials, "max_trials": args.max_trials,
                          "threads_per_rank": 1,
                          "flop_convention": "1 multiply-add = 2 FLOP, forward + backward "
                                             "as counted by FlopCounterMode"})

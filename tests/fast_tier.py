@@ -16,6 +16,7 @@ FAST = frozenset({
     "test_hostmem.py",
     "test_import_graph.py",
     "test_results_size.py",
+    "test_bench_trials.py",
     "test_record.py",
     "test_child.py",
     "test_train_help.py",
