@@ -185,8 +185,10 @@ def test_killing_hpcai_launch_takes_mpirun_and_the_ranks_with_it(tmp_path):
 def test_sigterm_to_a_bare_training_run_checkpoints_within_the_epoch(target, tmp_path):
     """The trainer's side: ``hpcai-launch -N 2 -- train 3dgan`` under Open MPI, SIGTERM to
     hpcai-launch mid-epoch: the ranks say they were preempted (by SIGUSR1) and write a
-    checkpoint within the epoch. The control sends SIGTERM to the mpirun under it: no
-    checkpoint, no preemption. One step of 2 x 2 events an epoch: the signal goes at epoch
+    checkpoint within the epoch. The control sends SIGTERM to the mpirun under it, which
+    passes SIGTERM (not SIGUSR1) on and ends the job: no rank says it was preempted by
+    SIGUSR1 (whether a rank saves on SIGTERM before mpirun's kill is timing, not asserted).
+    One step of 2 x 2 events an epoch: the signal goes at epoch
     0's end, and the ranks next look for it after that end's validation and a batch-2 step."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -210,7 +212,7 @@ def test_sigterm_to_a_bare_training_run_checkpoints_within_the_epoch(target, tmp
         assert within, "no checkpoint within the epoch"
         assert proc.returncode == 75, text[-2000:]
     else:
-        assert "preempted by signal" not in text and not within, text[-2000:]
+        assert f"preempted by signal {int(signal.SIGUSR1)}" not in text, text[-2000:]
 
 
 def test_a_terminal_stays_with_the_job(tmp_path):
