@@ -105,13 +105,13 @@ def run_alternating(sides: dict[str, Callable[[], float]], trials: int,
 
 def run_until_resolved(sides: dict[str, Callable[[], object]],
                        resolved: Callable[[dict[str, list]], bool], trials: int | None,
-                       min_trials: int, max_trials: int) -> dict[str, list]:
-    """Exactly ``trials`` alternating rounds when given; else rounds in pairs (so every pair
-    stays palindromic) until ``resolved(values)`` after at least ``min_trials``, or
-    ``max_trials`` are reached."""
+                       min_trials: int, max_trials: int, warmup: int = 0) -> dict[str, list]:
+    """After ``warmup`` uncounted calls of every side: exactly ``trials`` alternating rounds
+    when given; else rounds in pairs (so every pair stays palindromic) until
+    ``resolved(values)`` after at least ``min_trials``, or ``max_trials`` are reached."""
     if trials is not None:
-        return run_alternating(sides, trials, warmup=0)
-    values = run_alternating(sides, min(2, max_trials), warmup=0)
+        return run_alternating(sides, trials, warmup=warmup)
+    values = run_alternating(sides, min(2, max_trials), warmup=warmup)
     first = next(iter(sides))
     while len(values[first]) < max_trials and (
             len(values[first]) < min_trials or not resolved(values)):
@@ -120,10 +120,9 @@ def run_until_resolved(sides: dict[str, Callable[[], object]],
     return values
 
 
-def resolved(*pairs: tuple[Sequence[float], Sequence[float], str, float]) -> bool:
-    """Whether every (a, b, op, target) ratio row has its 95 % interval on one side."""
-    return all(verdict(RatioStats.of(a, b), op, target) != "unresolved"
-               for a, b, op, target in pairs)
+def resolved(rows: Sequence["Row"]) -> bool:
+    """Whether every row with a target has its 95 % interval on one side of it."""
+    return all(row.verdict != "unresolved" for row in rows if row.target is not None)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,21 @@ def one_run(container: str | None, data: Path, out: Path, steps: int, python: st
             "libmpi": record["provenance"]["libmpi"]}
 
 
+def _rows(t: dict[str, list[dict]], libc: dict) -> list[Row]:
+    """The two target rows of the trials ``t`` (each side's run records)."""
+    def of(side: str, key: str) -> list[float]:
+        return [r[key] for r in t[side]]
+    return [Row.measured("container-throughput", "3DGAN samples/s, ch-run with host MPI ÷ "
+                         "bare", ">=", 0.99, of("container", "samples_per_s"),
+                         of("bare", "samples_per_s"),
+                         note="both sides run the image's python3 and packages (fingerprints "
+                         "agree; glibc " + ("byte-identical" if libc["host"] == libc["image"]
+                                             else "differs") + ")"),
+            Row.measured("container-rss", "peak RSS per rank, ch-run ÷ bare", "<=", 1.01,
+                         of("container", "max_rss_mb_per_rank"),
+                         of("bare", "max_rss_mb_per_rank"))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default=str(DEFAULT_IMAGE))
@@ -131,30 +146,16 @@ def main() -> int:
                       flush=True)
                 return r
             return run
-        sides = {"container": side("container"), "bare": side("bare")}
-        for warmup in sides.values():   # not counted (in the log first): caches warm
-            warmup()
-
-        def done(t: dict[str, list[dict]]) -> bool:
-            return resolved(*(([r[key] for r in t["container"]], [r[key] for r in t["bare"]],
-                               op, target) for key, op, target in
-                              (("samples_per_s", ">=", 0.99),
-                               ("max_rss_mb_per_rank", "<=", 1.01))))
-        t = run_until_resolved(sides, done, args.trials, args.min_trials, args.max_trials)
-    rows = [Row.measured("container-throughput", "3DGAN samples/s, ch-run with host MPI ÷ "
-                         "bare", ">=", 0.99, [r["samples_per_s"] for r in t["container"]],
-                         [r["samples_per_s"] for r in t["bare"]],
-                         note="both sides run the image's python3 and packages (fingerprints "
-                         "agree; glibc " + ("byte-identical" if libc["host"] == libc["image"]
-                                             else "differs") + ")"),
-            Row.measured("container-rss", "peak RSS per rank, ch-run ÷ bare", "<=", 1.01,
-                         [r["max_rss_mb_per_rank"] for r in t["container"]],
-                         [r["max_rss_mb_per_rank"] for r in t["bare"]])]
+        t = run_until_resolved({"container": side("container"), "bare": side("bare")},
+                               lambda t: resolved(_rows(t, libc)), args.trials,
+                               args.min_trials, args.max_trials, warmup=1)
+    rows = _rows(t, libc)
     print_rows(rows)
     path = write_result("container_overhead", info, rows,
                         {"runs": log, "interpreter_fingerprints": prints, "glibc": libc},
-                        {"image": args.image, "trials": args.trials, "min_trials": args.min_trials,
-                         "max_trials": args.max_trials, "steps": args.steps,
+                        {"image": args.image, "trials": args.trials,
+                         "min_trials": args.min_trials, "max_trials": args.max_trials,
+                         "steps": args.steps,
                          "ranks": 2, "batch_per_rank": 8,
                          "interpreter": "the image's python3 on both sides"})
     print(f"written: {path}")

@@ -188,12 +188,29 @@ def _as_rank(side: str, model_name: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolved(t: dict[str, list[dict]], ddp: str) -> bool:
-    """Every row's 95 % interval on one side of its target."""
-    def of(side: str, key: str) -> list[float]:
-        return [r[key] for r in t[side]]
-    return resolved((of("hpcai", "median_step_s"), of("horovod", "median_step_s"), "<=", 0.9),
-                    (of("hpcai", "sync_wait_s"), of(ddp, "sync_wait_s"), "<=", 0.5))
+def _rows(model: str, t: dict[str, list[dict]], ddp: str) -> list[Row]:
+    """The rows of one model's trials ``t`` (each side's run records) against DDP ``ddp``."""
+    step = {s: [r["median_step_s"] for r in v] for s, v in t.items()}
+    exposed = {s: [r["exposed_sync_s"] for r in v] for s, v in t.items()}
+    return [
+        Row.measured(f"torch-{model}-step-horovod",
+                     f"PyTorch {model} step time, hpcai ÷ Horovod DistributedOptimizer",
+                     "<=", 0.9, step["hpcai"], step["horovod"]),
+        Row.measured(f"torch-{model}-wait-ddp",
+                     f"PyTorch {model} exposed sync per step (wait for gradients, timed "
+                     f"inside the step), hpcai ÷ DDP gloo ({ddp})", "<=", 0.5,
+                     [r["sync_wait_s"] for r in t["hpcai"]],
+                     [r["sync_wait_s"] for r in t[ddp]],
+                     note="hpcai: the main thread in the backward hooks' reductions and in "
+                     "synchronize(); DDP: from the last parameter's gradient to "
+                     "backward's return (its reducer's wait); per step the rank that had its "
+                     "gradients last (the least wait over the ranks)"),
+        Row.report(f"torch-{model}-sync-ddp",
+                   f"PyTorch {model} synced − local step, hpcai ÷ DDP gloo ({ddp}), "
+                   "for scale", exposed["hpcai"], exposed[ddp],
+                   note="a synced step − the same step without communication, "
+                   "alternating in the same job: the difference of two step times"),
+    ]
 
 
 def thread_cpu_s() -> dict[int, tuple[str, float]]:
@@ -281,29 +298,9 @@ def main() -> int:
         print(f"  {model}: best DDP setting (least wait for gradients) {best_ddp}",
               flush=True)
         sides = {s: side(s) for s in ("hpcai", "horovod", best_ddp)}
-        t = run_until_resolved(sides, lambda t, d=best_ddp: _resolved(t, d), args.trials,
-                               args.min_trials, args.max_trials)
-        step = {s: [r["median_step_s"] for r in v] for s, v in t.items()}
-        exposed = {s: [r["exposed_sync_s"] for r in v] for s, v in t.items()}
-        rows += [
-            Row.measured(f"torch-{model}-step-horovod",
-                         f"PyTorch {model} step time, hpcai ÷ Horovod DistributedOptimizer",
-                         "<=", 0.9, step["hpcai"], step["horovod"]),
-            Row.measured(f"torch-{model}-wait-ddp",
-                         f"PyTorch {model} exposed sync per step (wait for gradients, timed "
-                         f"inside the step), hpcai ÷ DDP gloo ({best_ddp})", "<=", 0.5,
-                         [r["sync_wait_s"] for r in t["hpcai"]],
-                         [r["sync_wait_s"] for r in t[best_ddp]],
-                         note="hpcai: the main thread in the backward hooks' reductions and in "
-                         "synchronize(); DDP: from the last parameter's gradient to "
-                         "backward's return (its reducer's wait); per step the rank that had its "
-                         "gradients last (the least wait over the ranks)"),
-            Row.report(f"torch-{model}-sync-ddp",
-                       f"PyTorch {model} synced − local step, hpcai ÷ DDP gloo ({best_ddp}), "
-                       "for scale", exposed["hpcai"], exposed[best_ddp],
-                       note="a synced step − the same step without communication, "
-                       "alternating in the same job: the difference of two step times"),
-        ]
+        t = run_until_resolved(sides, lambda t, m=model, d=best_ddp: resolved(_rows(m, t, d)),
+                               args.trials, args.min_trials, args.max_trials)
+        rows += _rows(model, t, best_ddp)
     print_rows(rows)
     path = write_result("torch_baselines", info, rows, {"runs": log},
                         {"batch_per_rank": args.batch_size, "resnet50_image": args.image_size,

@@ -146,13 +146,40 @@ def kernel_rates() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _resolved(t: dict[str, list[dict]], model: str) -> bool:
-    """Both target rows (FLOP share, weak scaling) have their interval on one side."""
+def _rows(model: str, t: dict, kernels: dict) -> list[Row]:
+    """The rows of one model's trials ``t`` (1 rank, 2 ranks, two 1-rank runs at once)."""
     one, two = t[1], t[2]
-    return resolved(([r["gflops_per_rank"] for r in one],
-                     [r["peak_gflops_per_rank"] for r in one], ">=", PEAK_TARGET[model]),
-                    ([r["samples_per_s_per_rank"] for r in two],
-                     [r["samples_per_s_per_rank"] for r in one], ">=", WEAK_TARGET))
+    per_rank = {side: [r["samples_per_s_per_rank"] for r in t[side]] for side in t}
+    return [
+        Row.measured(f"flops-{model}", f"{model} achieved GFLOP/s ÷ measured GEMM "
+                     "peak, 1 rank × 1 thread", ">=", PEAK_TARGET[model],
+                     [r["gflops_per_rank"] for r in one],
+                     [r["peak_gflops_per_rank"] for r in one],
+                     note="nominal FLOP (direct convolution); kernel rates in the same "
+                     "run, 1 thread: " + "; ".join(f"{k} {v} GFLOP/s"
+                                                   for k, v in kernels.items())),
+        Row.measured(f"weak-{model}", f"{model} per-rank samples/s, 2 ranks × 1 "
+                     "thread ÷ 1 rank × 1 thread", ">=", WEAK_TARGET,
+                     [r["samples_per_s_per_rank"] for r in two],
+                     [r["samples_per_s_per_rank"] for r in one],
+                     note="median s per step (mean over ranks), 1 rank → 2 ranks: "
+                     + ", ".join(
+                         f"{part} {_median([r[part + '_s_per_step'] for r in one]):.3f}"
+                         f" → {_median([r[part + '_s_per_step'] for r in two]):.3f}"
+                         for part in ("compute", "grad_sync", "data"))),
+        Row.report(f"pair-{model}", f"{model} per-rank samples/s, two 1-rank runs at "
+                   "once (one core each, no exchange) ÷ 1 rank × 1 thread",
+                   per_rank["pair"], per_rank[1],
+                   note="the ceiling of the weak-scaling row on this machine: what "
+                   "two processes sharing it leave of one alone; median compute s per "
+                   "step, 1 rank → two at once → 2 ranks: " + " → ".join(
+                       f"{_median([r['compute_s_per_step'] for r in t[side]]):.3f}"
+                       for side in (1, "pair", 2))),
+        Row.report(f"exchange-{model}", f"{model} per-rank samples/s, 2 ranks × 1 "
+                   "thread ÷ two 1-rank runs at once", per_rank[2], per_rank["pair"],
+                   note="what the 2-rank job loses beyond sharing the machine: the "
+                   "gradient exchange and the ranks waiting for each other"),
+    ]
 
 
 def main() -> int:
@@ -174,40 +201,9 @@ def main() -> int:
             sides = {r: (lambda r=r, m=model: run_config(m, r, args.steps, work, log))
                      for r in (1, 2)}
             sides["pair"] = lambda m=model: run_pair(m, args.steps, work, log)
-            t = run_until_resolved(sides, lambda t, m=model: _resolved(t, m), args.trials,
-                                   args.min_trials, args.max_trials)
-            one, two = t[1], t[2]
-            per_rank = {side: [r["samples_per_s_per_rank"] for r in t[side]] for side in t}
-            rows += [
-                Row.measured(f"flops-{model}", f"{model} achieved GFLOP/s ÷ measured GEMM "
-                             "peak, 1 rank × 1 thread", ">=", PEAK_TARGET[model],
-                             [r["gflops_per_rank"] for r in one],
-                             [r["peak_gflops_per_rank"] for r in one],
-                             note="nominal FLOP (direct convolution); kernel rates in the same "
-                             "run, 1 thread: " + "; ".join(f"{k} {v} GFLOP/s"
-                                                           for k, v in kernels.items())),
-                Row.measured(f"weak-{model}", f"{model} per-rank samples/s, 2 ranks × 1 "
-                             "thread ÷ 1 rank × 1 thread", ">=", WEAK_TARGET,
-                             [r["samples_per_s_per_rank"] for r in two],
-                             [r["samples_per_s_per_rank"] for r in one],
-                             note="median s per step (mean over ranks), 1 rank → 2 ranks: "
-                             + ", ".join(
-                                 f"{part} {_median([r[part + '_s_per_step'] for r in one]):.3f}"
-                                 f" → {_median([r[part + '_s_per_step'] for r in two]):.3f}"
-                                 for part in ("compute", "grad_sync", "data"))),
-                Row.report(f"pair-{model}", f"{model} per-rank samples/s, two 1-rank runs at "
-                           "once (one core each, no exchange) ÷ 1 rank × 1 thread",
-                           per_rank["pair"], per_rank[1],
-                           note="the ceiling of the weak-scaling row on this machine: what "
-                           "two processes sharing it leave of one alone; median compute s per "
-                           "step, 1 rank → two at once → 2 ranks: " + " → ".join(
-                               f"{_median([r['compute_s_per_step'] for r in t[side]]):.3f}"
-                               for side in (1, "pair", 2))),
-                Row.report(f"exchange-{model}", f"{model} per-rank samples/s, 2 ranks × 1 "
-                           "thread ÷ two 1-rank runs at once", per_rank[2], per_rank["pair"],
-                           note="what the 2-rank job loses beyond sharing the machine: the "
-                           "gradient exchange and the ranks waiting for each other"),
-            ]
+            t = run_until_resolved(sides, lambda t, m=model: resolved(_rows(m, t, kernels)),
+                                   args.trials, args.min_trials, args.max_trials)
+            rows += _rows(model, t, kernels)
     print_rows(rows)
     path = write_result("training", info, rows, {"runs": log, "kernel_gflops": kernels},
                         {"batch_per_rank": BATCH, "steps_per_epoch": args.steps,

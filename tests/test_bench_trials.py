@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from common import resolved, run_until_resolved  # noqa: E402 - bench/ is not a package
+from common import Row, resolved, run_until_resolved  # noqa: E402 - bench/ is not a package
 
 
 def sides_with(ratio_values):
@@ -28,8 +28,12 @@ def sides_with(ratio_values):
     return {"a": a, "b": b}, calls
 
 
+def row(t, target):
+    return Row.measured("a-b", "a ÷ b", ">=", target, t["a"], t["b"])
+
+
 def done(target):
-    return lambda t: resolved((t["a"], t["b"], ">=", target))
+    return lambda t: resolved([row(t, target)])
 
 
 def test_a_clear_ratio_stops_at_the_minimum_in_palindromic_rounds():
@@ -43,7 +47,7 @@ def test_a_ratio_straddling_the_target_runs_to_the_maximum():
     sides, _ = sides_with([0.9, 1.1])      # control: the interval always holds 1.0
     t = run_until_resolved(sides, done(1.0), None, min_trials=8, max_trials=14)
     assert len(t["a"]) == 14
-    assert not resolved((t["a"], t["b"], ">=", 1.0))
+    assert not resolved([row(t, 1.0)])
 
 
 def test_exact_trials_ignore_the_verdict():
